@@ -1,0 +1,40 @@
+"""dali_autoproxy: one line moves a DataLoader's torchvision transforms onto DALI.
+
+    import dali_autoproxy; dali_autoproxy.enable()
+
+or ``DALI_AUTOPROXY=1 python train.py``. Importing this package imports neither torch
+nor DALI; enable() patches torch's DataLoader when torch is (or gets) imported.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from .config import configure_logging, resolve_options
+from .patching import instrumentor
+from .report import format_report, print_report, report
+
+__version__ = "0.1.0"
+__all__ = ["enable", "disable", "is_enabled", "report", "print_report", "format_report"]
+
+
+def enable(*, device: Optional[str] = None, output: Optional[str] = None,
+           log_level: Optional[str] = None) -> None:
+    """Patch torch's DataLoader so recognised torchvision transforms run in DALI.
+
+    device: "auto" (GPU when CUDA and DALI are usable, else plain torchvision), "gpu", or
+    "cpu" (DALI's CPU backend). output: "auto" (where DALI ran) or "cpu". log_level: a
+    logging level name. Each falls back to DALI_AUTOPROXY_DEVICE / _OUTPUT / _LOG.
+    Calling it again only updates the options.
+    """
+    options = resolve_options(device, output, log_level)
+    configure_logging(options.log_level)
+    instrumentor.instrument(options)
+
+
+def disable() -> None:
+    """Restore every patched attribute; loaders iterate as plain torchvision again."""
+    instrumentor.uninstrument()
+
+
+def is_enabled() -> bool:
+    return instrumentor.active

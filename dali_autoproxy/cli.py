@@ -1,0 +1,36 @@
+"""The command line: ``dali-autoproxy run script.py args...`` (also ``python -m dali_autoproxy``).
+
+The script runs in this process as ``__main__`` with its own sys.argv, after enable().
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from typing import List, Optional
+
+
+def run_script(script: str, args: List[str]) -> None:
+    from . import enable
+    enable()
+    sys.argv = [script] + list(args)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="dali-autoproxy", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a training script with autoproxy enabled")
+    run.add_argument("script")
+    run.add_argument("args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    if ns.command == "run":
+        run_script(ns.script, ns.args)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

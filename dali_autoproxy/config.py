@@ -1,0 +1,88 @@
+"""Options of enable() and their environment variables, validated in one place.
+
+Every option has a keyword argument and a variable; the keyword wins. A bad value is a
+ValueError that names the option, where it came from and what is accepted, so that a typo
+never silently turns the feature off.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+DEVICES = ("auto", "gpu", "cpu")
+OUTPUTS = ("auto", "cpu")
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
+ENABLE_VALUES_ON = ("1", "true", "yes", "on")
+ENABLE_VALUES_OFF = ("", "0", "false", "no", "off")
+
+ENV_ENABLE = "DALI_AUTOPROXY"
+ENV_DEVICE = "DALI_AUTOPROXY_DEVICE"
+ENV_OUTPUT = "DALI_AUTOPROXY_OUTPUT"
+ENV_LOG = "DALI_AUTOPROXY_LOG"
+
+
+@dataclass(frozen=True)
+class Options:
+    device: str = "auto"
+    output: str = "auto"
+    log_level: str = "INFO"
+
+
+def _pick(name: str, value: Optional[str], env_name: str, accepted: tuple, environ: Mapping[str, str],
+          default: str, upper: bool = False) -> str:
+    source = f"{name}="
+    if value is None:
+        raw = environ.get(env_name)
+        if raw is None or raw.strip() == "":
+            return default
+        value, source = raw, f"{env_name}="
+    if not isinstance(value, str):
+        raise ValueError(f"dali_autoproxy: option {source}{value!r} must be a string; "
+                         f"accepted values: {', '.join(accepted)}")
+    norm = value.strip().upper() if upper else value.strip().lower()
+    if norm not in accepted:
+        raise ValueError(f"dali_autoproxy: invalid value {source}{value!r}; "
+                         f"accepted values: {', '.join(accepted)}")
+    return norm
+
+
+def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
+                    log_level: Optional[str] = None,
+                    environ: Optional[Mapping[str, str]] = None) -> Options:
+    """Merge keyword arguments over environment variables and validate both."""
+    env = os.environ if environ is None else environ
+    return Options(
+        device=_pick("device", device, ENV_DEVICE, DEVICES, env, "auto"),
+        output=_pick("output", output, ENV_OUTPUT, OUTPUTS, env, "auto"),
+        log_level=_pick("log_level", log_level, ENV_LOG, LOG_LEVELS, env, "INFO", upper=True),
+    )
+
+
+def enable_requested(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Read DALI_AUTOPROXY; raise ValueError on a value that is neither on nor off."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_ENABLE, "")
+    norm = raw.strip().lower()
+    if norm in ENABLE_VALUES_ON:
+        return True
+    if norm in ENABLE_VALUES_OFF:
+        return False
+    raise ValueError(f"dali_autoproxy: invalid value {ENV_ENABLE}={raw!r}; accepted values: "
+                     f"{', '.join(ENABLE_VALUES_ON)} (on) or 0, false, no, off (off)")
+
+
+logger = logging.getLogger("dali_autoproxy")
+_handler: Optional[logging.Handler] = None
+
+
+def configure_logging(level: str) -> None:
+    """Make the package's messages visible by default (fallback reasons matter to users)."""
+    global _handler
+    if _handler is None:
+        _handler = logging.StreamHandler()
+        _handler.setFormatter(logging.Formatter("[dali_autoproxy] %(levelname)s: %(message)s"))
+        logger.addHandler(_handler)
+        logger.propagate = False
+    logger.setLevel(level)

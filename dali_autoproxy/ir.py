@@ -1,0 +1,93 @@
+"""The small intermediate form between torchvision transforms and DALI operators.
+
+A converter turns one transform into a few of these ops; the pipeline builder lowers the
+whole list to DALI, fusing where it can (decode+crop, flip+normalize+layout). Per-sample
+values (crop boxes, sizes, flip flags) are not in the ops: they are drawn in the worker by
+the converter's ``draw`` and travel as a row of int32 ``params``; an op names its ``slot``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Tuple
+
+
+class Unsupported(Exception):
+    """A transform, or an argument of it, that has no faithful DALI translation."""
+
+
+@dataclass(frozen=True)
+class Crop:
+    """Crop [top, left, height, width] from params[slot:slot+4]; outside the image is 0."""
+    slot: int
+    in_bounds: bool = False  # True when the box never leaves the image (lets decode fuse it)
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Resize to params[slot:slot+2] = [height, width], or to the fixed ``size``."""
+    interp: str  # "linear", "cubic", "nn"
+    antialias: bool
+    slot: Optional[int] = None
+    size: Optional[Tuple[int, int]] = None
+
+
+@dataclass(frozen=True)
+class Flip:
+    """Horizontal flip when params[slot] is 1."""
+    slot: int
+
+
+@dataclass(frozen=True)
+class ToFloat:
+    """uint8 -> float32, multiplied by ``scale`` (1/255 for ToTensor-like conversions)."""
+    scale: float
+
+
+@dataclass(frozen=True)
+class Normalize:
+    mean: Tuple[float, ...]
+    std: Tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ToCHW:
+    """Marks the PIL -> tensor layout change; the builder emits CHW once, at the end."""
+
+
+Op = object  # one of the dataclasses above
+
+
+@dataclass
+class ChainState:
+    """What torchvision would be holding at this point of the chain (types, not pixels)."""
+    kind: str = "pil"        # "pil" (HWC uint8) or "tensor" (CHW)
+    dtype: str = "uint8"     # "uint8" or "float32"
+    channels: int = 3
+    fixed_size: Optional[Tuple[int, int]] = None  # output size when it is the same for all
+
+
+class SampleGeometry:
+    """One sample's size as it moves through the chain, and the params drawn for it."""
+    __slots__ = ("height", "width", "channels", "params")
+
+    def __init__(self, height: int, width: int, channels: int = 3):
+        self.height = height
+        self.width = width
+        self.channels = channels
+        self.params: List[int] = []
+
+    def standin(self):
+        """A zero-cost tensor of the current size, for torchvision's own get_params code."""
+        import torch
+        return torch.empty(1, dtype=torch.uint8).expand(self.channels, self.height, self.width)
+
+
+Drawer = Callable[[SampleGeometry], None]
+
+
+@dataclass
+class Step:
+    """One transform, translated: its name, its ops and its per-sample drawer."""
+    name: str
+    ops: List[Op] = field(default_factory=list)
+    draw: Optional[Drawer] = None

@@ -1,0 +1,119 @@
+"""Patching, in the manner of OpenTelemetry's BaseInstrumentor: an idempotent
+instrument()/uninstrument() pair and a record of every attribute patched.
+
+Attributes are wrapped in place with wrapt, on the class itself, so a DataLoader imported
+with ``from torch.utils.data import DataLoader`` before enable() is patched too and
+``isinstance`` is unchanged. If torch is not imported yet, a post-import hook patches it
+when it is, so enabling at interpreter start-up does not import torch.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable, List, Optional, Tuple
+
+import wrapt
+
+from .config import Options, logger
+
+_DATALOADER_MODULE = "torch.utils.data.dataloader"
+
+
+class Instrumentor:
+    def __init__(self) -> None:
+        self.options: Optional[Options] = None
+        self._patched: List[Tuple[Any, str, Any]] = []  # (owner, attribute, original)
+        self._hook_registered = False
+        self._lock = threading.RLock()
+        self.states: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+        self.records: List[dict] = []
+
+    @property
+    def active(self) -> bool:
+        return self.options is not None
+
+    def instrument(self, options: Options) -> None:
+        with self._lock:
+            self.options = options  # a second enable() only updates the options
+            if not self._hook_registered:
+                wrapt.register_post_import_hook(self._patch_dataloader, _DATALOADER_MODULE)
+                self._hook_registered = True
+            else:
+                import sys
+                module = sys.modules.get(_DATALOADER_MODULE)
+                if module is not None:
+                    self._patch_dataloader(module)
+
+    def uninstrument(self) -> None:
+        with self._lock:
+            for owner, name, original in reversed(self._patched):
+                setattr(owner, name, original)
+            self._patched.clear()
+            self.options = None
+
+    # -- patches
+    def _wrap(self, owner: Any, name: str, wrapper: Callable) -> None:
+        original = owner.__dict__[name]
+        if isinstance(original, wrapt.FunctionWrapper):  # already ours
+            return
+        wrapt.wrap_function_wrapper(owner, name, wrapper)
+        self._patched.append((owner, name, original))
+
+    def _patch_dataloader(self, module: Any) -> None:
+        with self._lock:
+            if not self.active:  # hook fired after disable()
+                return
+            self._wrap(module.DataLoader, "__init__", self._on_init)
+            self._wrap(module.DataLoader, "_get_iterator", self._on_get_iterator)
+
+    def state_for(self, loader: Any):
+        from .loader import LoaderState
+        state = self.states.get(loader)
+        if state is None:
+            state = LoaderState(loader)
+            self.states[loader] = state
+            self.records.append(state.record)
+        return state
+
+    def _on_init(self, wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        try:
+            from .loader import decide
+            if self.active:
+                self.state_for(instance).update(decide(instance, self.options), self.options)
+        except Exception:  # the shim must never break the user's script
+            logger.debug("planning at DataLoader creation failed", exc_info=True)
+        return result
+
+    def _on_get_iterator(self, wrapped, instance, args, kwargs):
+        options = self.options
+        if options is None:
+            return wrapped(*args, **kwargs)
+        from .loader import ProxiedIterator, WorkerInstaller, decide
+        state = self.state_for(instance)
+        try:
+            decision = decide(instance, options)
+            state.update(decision, options)
+            if not decision.proxied:
+                return wrapped(*args, **kwargs)
+            # build the pipelines before any worker starts: a failure here is a clean fallback
+            for site in decision.sites:
+                state.give_back({site.plan_id: state.take_runner(site, instance.batch_size, decision.device)})
+        except Exception as exc:
+            from .loader import Decision
+            state.update(Decision(False, f"set-up failed ({exc.__class__.__name__}: {exc})"), options)
+            logger.debug("set-up failed", exc_info=True)
+            return wrapped(*args, **kwargs)
+        if instance.num_workers > 0:
+            user_init = instance.worker_init_fn
+            instance.worker_init_fn = WorkerInstaller([s.spec() for s in decision.sites], user_init)
+            try:
+                inner = wrapped(*args, **kwargs)
+            finally:
+                instance.worker_init_fn = user_init
+        else:
+            inner = wrapped(*args, **kwargs)
+        return ProxiedIterator(inner, instance, state, decision, options)
+
+
+instrumentor = Instrumentor()

@@ -1,0 +1,196 @@
+"""Pipeline building: lowering a plan's ops to one DALI pipeline, and running it.
+
+Fusions, because each saves a full pass over the image:
+- the first crop of an encoded input becomes a region-of-interest decode
+  (``decoders.image_slice``): only the crop is decoded, as hand-written DALI code does;
+- the trailing flip / to-float / normalise / HWC->CHW run becomes one
+  ``crop_mirror_normalize``.
+Everything per sample (crop boxes, sizes, flip flags) arrives through external sources.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .ir import Crop, Flip, Normalize, Resize, ToCHW, ToFloat
+from .planning import Plan
+from .transport import ProxyGroup
+
+_TAIL_OPS = (Flip, ToFloat, Normalize, ToCHW)
+
+
+def _split_tail(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
+    """Longest suffix of elementwise ops (with at most one flip) for one crop_mirror_normalize."""
+    i = len(ops)
+    flips = 0
+    while i > 0 and isinstance(ops[i - 1], _TAIL_OPS):
+        if isinstance(ops[i - 1], Flip):
+            if flips:
+                break
+            flips += 1
+        i -= 1
+    return list(ops[:i]), list(ops[i:])
+
+
+def _affine(ops: Sequence[object], channels: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Compose ToFloat/Normalize into y = a * x + b per channel."""
+    a, b = np.ones(channels), np.zeros(channels)
+    for op in ops:
+        if isinstance(op, ToFloat):
+            a, b = a * op.scale, b * op.scale
+        elif isinstance(op, Normalize):
+            mean, std = np.asarray(op.mean), np.asarray(op.std)
+            a, b = a / std, (b - mean) / std
+    return a, b
+
+
+class Lowering:
+    """Builds the DALI graph for a plan; knows which external sources need which params."""
+
+    def __init__(self, plan: Plan, device: str):
+        self.plan = plan
+        self.device = device  # "gpu" or "cpu"
+        self.feeds: List[Tuple[str, int, int, object]] = []  # (name, column, width, numpy dtype)
+
+    def _param(self, name: str, column: int, width: int, dtype) -> object:
+        from nvidia.dali import fn, types
+        dali_type = types.INT32 if dtype == np.int32 else types.FLOAT
+        self.feeds.append((name, column, width, dtype))
+        return fn.external_source(name=name, device="cpu", dtype=dali_type)
+
+    def graph(self):
+        from nvidia.dali import fn, types
+        plan, ops = self.plan, list(self.plan.ops)
+        encoded = plan.input_kind == "encoded"
+        data = fn.external_source(name="data", device="cpu", dtype=types.UINT8,
+                                  layout=None if encoded else "HWC")
+        if encoded:
+            decode_device = "mixed" if self.device == "gpu" else "cpu"
+            common = dict(device=decode_device, output_type=types.RGB, adjust_orientation=False)
+            if ops and isinstance(ops[0], Crop) and ops[0].in_bounds:
+                crop = ops.pop(0)
+                anchor = self._param(f"anchor{crop.slot}", crop.slot, 2, np.int32)
+                shape = self._param(f"shape{crop.slot}", crop.slot + 2, 2, np.int32)
+                img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", **common)
+            else:
+                img = fn.decoders.image(data, **common)
+        else:
+            img = data.gpu() if self.device == "gpu" else data
+
+        body, tail = _split_tail(ops)
+        for op in body:
+            img = self._lower(op, img)
+        return self._lower_tail(tail, img)
+
+    def _lower(self, op: object, img):
+        from nvidia.dali import fn, types
+        if isinstance(op, Crop):
+            anchor = self._param(f"anchor{op.slot}", op.slot, 2, np.int32)
+            shape = self._param(f"shape{op.slot}", op.slot + 2, 2, np.int32)
+            return fn.slice(img, anchor, shape, axis_names="HW", fill_values=0,
+                            out_of_bounds_policy="error" if op.in_bounds else "pad")
+        if isinstance(op, Resize):
+            interp = {"linear": types.INTERP_LINEAR, "cubic": types.INTERP_CUBIC,
+                      "nn": types.INTERP_NN}[op.interp]
+            if op.size is not None:
+                height, width = float(op.size[0]), float(op.size[1])
+            else:
+                height = self._param(f"height{op.slot}", op.slot, 1, np.float32)
+                width = self._param(f"width{op.slot}", op.slot + 1, 1, np.float32)
+            return fn.resize(img, resize_y=height, resize_x=width, interp_type=interp,
+                             antialias=op.antialias)
+        if isinstance(op, Flip):
+            return fn.flip(img, horizontal=self._param(f"flip{op.slot}", op.slot, 1, np.int32))
+        if isinstance(op, ToFloat):
+            img = fn.cast(img, dtype=types.FLOAT)
+            return img * op.scale if op.scale != 1.0 else img
+        if isinstance(op, Normalize):
+            return fn.crop_mirror_normalize(img, dtype=types.FLOAT, output_layout="HWC",
+                                            mean=list(op.mean), std=list(op.std))
+        if isinstance(op, ToCHW):
+            return img  # the layout is applied once, in the tail
+        raise TypeError(f"no lowering for {op!r}")  # pragma: no cover
+
+    def _lower_tail(self, tail: List[object], img):
+        from nvidia.dali import fn, types
+        state = self.plan.state
+        kwargs = {}
+        flips = [op for op in tail if isinstance(op, Flip)]
+        if flips:
+            kwargs["mirror"] = self._param(f"flip{flips[0].slot}", flips[0].slot, 1, np.int32)
+        a, b = _affine([op for op in tail if isinstance(op, (ToFloat, Normalize))], state.channels)
+        if state.dtype == "float32":
+            # (x - mean) / std == a * x + b  with  std = 1 / a, mean = -b / a
+            kwargs.update(dtype=types.FLOAT, mean=list(-b / a), std=list(1.0 / a))
+        else:
+            kwargs.update(dtype=types.UINT8)
+        layout = "CHW" if state.kind == "tensor" else "HWC"
+        return fn.crop_mirror_normalize(img, output_layout=layout, **kwargs)
+
+
+def default_num_threads(device: str) -> int:
+    cores = os.cpu_count() or 2
+    return max(1, min(cores, 8)) if device == "cpu" else max(2, min(cores // 2, 6))
+
+
+class DaliRunner:
+    """One DALI pipeline for one plan: batches go in with submit(), come out in FIFO order."""
+
+    def __init__(self, plan: Plan, batch_size: int, device: str, device_id: Optional[int],
+                 num_threads: Optional[int] = None, prefetch: int = 2):
+        self.plan = plan
+        self.batch_size = batch_size
+        self.device = device
+        self.device_id = device_id
+        self.num_threads = num_threads or default_num_threads(device)
+        self.prefetch = prefetch
+        self.pending = 0
+        self._build()
+
+    def _build(self) -> None:
+        from nvidia.dali import Pipeline
+        self.lowering = Lowering(self.plan, self.device)
+        pipe = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
+                        device_id=self.device_id if self.device == "gpu" else None,
+                        prefetch_queue_depth=self.prefetch, exec_dynamic=True)
+        with pipe:
+            pipe.set_outputs(self.lowering.graph())
+        pipe.build()
+        self.pipe = pipe
+        self.pending = 0
+
+    def rebuild(self) -> None:
+        """After a failure the pipeline's queue state is unknown: start a fresh one."""
+        self.pipe = None
+        self._build()
+
+    def submit(self, group: ProxyGroup) -> None:
+        pipe = self.pipe
+        pipe.feed_input("data", group.payload_views())
+        params = group.params
+        for name, column, width, dtype in self.lowering.feeds:
+            col = params[:, column:column + width].astype(dtype, copy=True)
+            pipe.feed_input(name, col.reshape(-1) if width == 1 else col)
+        # DALI's own proxy drives the pipeline this way: one scheduled run per fed batch.
+        pipe._run_once()
+        self.pending += 1
+
+    def collect(self) -> List[torch.Tensor] or torch.Tensor:
+        """The oldest submitted batch: one batched tensor, or a list when shapes differ."""
+        self.pending -= 1
+        (out,) = self.pipe.outputs()
+        if out.is_dense_tensor():
+            return torch.from_dlpack(out.as_tensor())
+        return [torch.from_dlpack(out[i]) for i in range(len(out))]
+
+    def drain(self) -> None:
+        """Discard outputs of batches nobody will take (after a break out of an epoch)."""
+        while self.pending > 0:
+            try:
+                self.collect()
+            except Exception:
+                self.rebuild()
+                return

@@ -1,0 +1,36 @@
+"""report() and print_report(): one row per DataLoader seen since enable()."""
+from __future__ import annotations
+
+import copy
+import sys
+from typing import IO, List, Optional
+
+from .patching import instrumentor
+
+COLUMNS = ("loader", "dataset", "proxied", "device", "decode_on_dali", "dali_transforms",
+           "worker_transforms", "batches", "samples", "cpu_path_samples", "reason")
+
+
+def report() -> List[dict]:
+    """A copy of the per-loader records: plan, device, counters and fallback reason."""
+    return copy.deepcopy(instrumentor.records)
+
+
+def format_report(rows: Optional[List[dict]] = None) -> str:
+    rows = report() if rows is None else rows
+    if not rows:
+        return "dali_autoproxy: no DataLoader seen yet"
+
+    def cell(v) -> str:
+        if isinstance(v, list):
+            return ", ".join(v) or "-"
+        return "-" if v is None else str(v)
+    table = [[c for c in COLUMNS]] + [[cell(r.get(c)) for c in COLUMNS] for r in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def print_report(file: Optional[IO[str]] = None) -> None:
+    print(format_report(), file=file or sys.stdout)

@@ -1,0 +1,72 @@
+"""Converter registry: one small converter per torchvision transform type, v1 and v2.
+
+A converter is ``fn(transform, state, alloc) -> Step``. It reads the transform's
+parameters, checks them against ``state`` (what torchvision would hold at that point),
+raises :class:`~dali_autoproxy.ir.Unsupported` with a precise reason when DALI cannot
+match torchvision, and returns the ops plus a drawer that runs in the worker. ``alloc(n)``
+reserves n int32 slots in the per-sample params row.
+
+Types are matched exactly (a user's subclass may override ``forward``), as v2 does with
+its kernel registry.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Tuple
+
+from ..ir import ChainState, Step, Unsupported
+
+Converter = Callable[..., Step]
+_REGISTRY: Dict[type, Converter] = {}
+
+
+def register(*types: type) -> Callable[[Converter], Converter]:
+    def deco(fn: Converter) -> Converter:
+        for t in types:
+            _REGISTRY[t] = fn
+        return fn
+    return deco
+
+
+def lookup(transform: object) -> Converter:
+    _load_converters()
+    conv = _REGISTRY.get(type(transform))
+    if conv is None:
+        raise Unsupported(f"{type(transform).__module__}.{type(transform).__qualname__} "
+                          "has no DALI translation")
+    return conv
+
+
+_loaded = False
+
+
+def _load_converters() -> None:
+    """Import the converter modules (they import torchvision) on first use."""
+    global _loaded
+    if not _loaded:
+        from . import geometry, tensor  # noqa: F401  (registration side effects)
+        _loaded = True
+
+
+def flatten(transform: object) -> List[object]:
+    """Unroll nested Compose (v1 and v2) into a flat list of transforms."""
+    import torchvision.transforms as T
+    try:
+        import torchvision.transforms.v2 as v2
+        composes: Tuple[type, ...] = (T.Compose, v2.Compose)
+    except ImportError:  # pragma: no cover - torchvision without v2
+        composes = (T.Compose,)
+    if type(transform) in composes:
+        out: List[object] = []
+        for t in transform.transforms:
+            out.extend(flatten(t))
+        return out
+    return [transform]
+
+
+def transform_name(t: object) -> str:
+    mod = type(t).__module__
+    prefix = "v2." if ".v2" in mod else ""
+    return prefix + type(t).__name__
+
+
+__all__ = ["register", "lookup", "flatten", "transform_name", "ChainState", "Step", "Unsupported"]

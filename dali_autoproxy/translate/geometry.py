@@ -1,0 +1,157 @@
+"""Geometry converters: crops, resizes and flips.
+
+Random parameters are drawn in the worker by torchvision's *own* parameter code, called on
+a zero-cost stand-in tensor of the sample's size (see ``SampleGeometry.standin``): the same
+torch RNG calls in the same order, so a fixed ``torch.manual_seed`` gives the very crop
+boxes and flips plain torchvision would give.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
+from torchvision.transforms import InterpolationMode
+
+from ..ir import ChainState, Crop, Flip, Resize, SampleGeometry, Step, Unsupported
+from . import register, transform_name
+
+
+def _as_mode(interpolation) -> InterpolationMode:
+    if isinstance(interpolation, InterpolationMode):
+        return interpolation
+    if isinstance(interpolation, str):
+        return InterpolationMode(interpolation)
+    if isinstance(interpolation, int):  # PIL constants, accepted by torchvision
+        from torchvision.transforms.functional import _interpolation_modes_from_int
+        return _interpolation_modes_from_int(interpolation)
+    raise Unsupported(f"interpolation {interpolation!r} is not understood")
+
+
+def resample_mode(interpolation, antialias: Optional[bool], state: ChainState) -> Tuple[str, bool]:
+    """DALI's filter for torchvision's mode, or Unsupported where the two would differ."""
+    mode = _as_mode(interpolation)
+    if state.kind == "pil":  # PIL always antialiases bilinear and bicubic
+        table = {InterpolationMode.BILINEAR: ("linear", True), InterpolationMode.BICUBIC: ("cubic", True),
+                 InterpolationMode.NEAREST: ("nn", False), InterpolationMode.NEAREST_EXACT: ("nn", False)}
+        if mode in table:
+            return table[mode]
+    else:
+        if mode == InterpolationMode.BILINEAR:
+            return "linear", bool(antialias)
+        if mode == InterpolationMode.NEAREST_EXACT:
+            return "nn", False
+        if mode == InterpolationMode.NEAREST:
+            raise Unsupported("interpolation NEAREST on tensors uses torch's legacy floor rounding, "
+                              "which DALI does not reproduce (NEAREST_EXACT is supported)")
+        if mode == InterpolationMode.BICUBIC:
+            raise Unsupported("interpolation BICUBIC on tensors uses torch's a=-0.75 kernel, "
+                              "which DALI does not reproduce (bicubic on PIL images is supported)")
+    raise Unsupported(f"interpolation {mode.value} is not translated yet")
+
+
+def _size_pair(size) -> Tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    size = list(size)
+    return (int(size[0]), int(size[0])) if len(size) == 1 else (int(size[0]), int(size[1]))
+
+
+def resized_output_size(height: int, width: int, size, max_size: Optional[int]) -> Tuple[int, int]:
+    """torchvision's _compute_resized_output_size (v1 and v2), for one sample."""
+    if size is None:
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = int(max_size * short / long), max_size
+    elif isinstance(size, int) or len(size) == 1:
+        requested = size if isinstance(size, int) else size[0]
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = requested, int(requested * long / short)
+        if max_size is not None and new_long > max_size:
+            new_short, new_long = int(max_size * new_short / new_long), max_size
+    else:
+        return int(size[0]), int(size[1])
+    return (new_long, new_short) if width <= height else (new_short, new_long)
+
+
+def _make_params(t):
+    """v2's parameter method (make_params since torchvision 0.21, _get_params before)."""
+    return getattr(t, "make_params", None) or getattr(t, "_get_params")
+
+
+@register(T.RandomResizedCrop, v2.RandomResizedCrop)
+def random_resized_crop(t, state: ChainState, alloc) -> Step:
+    interp, antialias = resample_mode(t.interpolation, getattr(t, "antialias", True), state)
+    out_h, out_w = _size_pair(t.size)
+    slot = alloc(4)
+    if isinstance(t, v2.Transform):
+        params = _make_params(t)
+
+        def draw(g: SampleGeometry) -> None:
+            p = params([g.standin()])
+            g.params += [p["top"], p["left"], p["height"], p["width"]]
+            g.height, g.width = out_h, out_w
+    else:
+        scale, ratio = t.scale, t.ratio
+
+        def draw(g: SampleGeometry) -> None:
+            g.params += list(T.RandomResizedCrop.get_params(g.standin(), scale, ratio))
+            g.height, g.width = out_h, out_w
+    state.fixed_size = (out_h, out_w)
+    return Step(transform_name(t), [Crop(slot, in_bounds=True),
+                                    Resize(interp, antialias, size=(out_h, out_w))], draw)
+
+
+@register(T.Resize, v2.Resize)
+def resize(t, state: ChainState, alloc) -> Step:
+    interp, antialias = resample_mode(t.interpolation, getattr(t, "antialias", True), state)
+    size: Optional[Sequence[int]] = t.size
+    max_size = getattr(t, "max_size", None)
+    if size is not None and not isinstance(size, int) and len(size) == 2:
+        fixed = (int(size[0]), int(size[1]))
+        state.fixed_size = fixed
+
+        def draw(g: SampleGeometry) -> None:
+            g.height, g.width = fixed
+        return Step(transform_name(t), [Resize(interp, antialias, size=fixed)], draw)
+    slot = alloc(2)
+    state.fixed_size = None
+
+    def draw_var(g: SampleGeometry) -> None:
+        g.height, g.width = resized_output_size(g.height, g.width, size, max_size)
+        g.params += [g.height, g.width]
+    return Step(transform_name(t), [Resize(interp, antialias, slot=slot)], draw_var)
+
+
+def center_crop_box(height: int, width: int, crop_h: int, crop_w: int) -> Tuple[int, int]:
+    """(top, left) of torchvision's center_crop, negative where it pads with zeros first."""
+    pad_top = (crop_h - height) // 2 if crop_h > height else 0
+    pad_left = (crop_w - width) // 2 if crop_w > width else 0
+    padded_h, padded_w = max(height, crop_h), max(width, crop_w)
+    top = int(round((padded_h - crop_h) / 2.0)) - pad_top
+    left = int(round((padded_w - crop_w) / 2.0)) - pad_left
+    return top, left
+
+
+@register(T.CenterCrop, v2.CenterCrop)
+def center_crop(t, state: ChainState, alloc) -> Step:
+    crop_h, crop_w = _size_pair(t.size)
+    slot = alloc(4)
+    state.fixed_size = (crop_h, crop_w)
+
+    def draw(g: SampleGeometry) -> None:
+        top, left = center_crop_box(g.height, g.width, crop_h, crop_w)
+        g.params += [top, left, crop_h, crop_w]
+        g.height, g.width = crop_h, crop_w
+    return Step(transform_name(t), [Crop(slot, in_bounds=False)], draw)
+
+
+@register(T.RandomHorizontalFlip, v2.RandomHorizontalFlip)
+def random_horizontal_flip(t, state: ChainState, alloc) -> Step:
+    p = float(t.p)
+    slot = alloc(1)
+
+    def draw(g: SampleGeometry) -> None:
+        # v1: flip if torch.rand(1) < p; v2: skip if torch.rand(1) >= p. One draw, same outcome.
+        g.params.append(int(bool(torch.rand(1) < p)))
+    return Step(transform_name(t), [Flip(slot)], draw)

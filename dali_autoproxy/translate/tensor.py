@@ -1,0 +1,96 @@
+"""Conversion and normalisation converters: PIL -> tensor, dtype changes, Normalize.
+
+These move no pixels spatially; the pipeline builder fuses a trailing run of them (with a
+flip) into one crop_mirror_normalize. Where torchvision would raise (Normalize on a PIL
+image, ToTensor on a tensor), the converter refuses, so the fallback raises it unchanged.
+"""
+from __future__ import annotations
+
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
+
+from ..ir import ChainState, Normalize, Step, ToCHW, ToFloat, Unsupported
+from . import register, transform_name
+
+_FLOATS = (torch.float32,)
+
+
+def _require_pil(t, state: ChainState) -> None:
+    if state.kind != "pil":
+        raise Unsupported(f"{transform_name(t)} expects a PIL image here, torchvision would raise")
+
+
+_to_tensor_types = [T.ToTensor] + ([v2.ToTensor] if hasattr(v2, "ToTensor") else [])
+
+
+@register(*_to_tensor_types)
+def to_tensor(t, state: ChainState, alloc) -> Step:
+    _require_pil(t, state)
+    state.kind, state.dtype = "tensor", "float32"
+    return Step(transform_name(t), [ToFloat(1.0 / 255.0), ToCHW()])
+
+
+@register(T.PILToTensor, v2.PILToTensor)
+def pil_to_tensor(t, state: ChainState, alloc) -> Step:
+    _require_pil(t, state)
+    state.kind = "tensor"
+    return Step(transform_name(t), [ToCHW()])
+
+
+@register(v2.ToImage)
+def to_image(t, state: ChainState, alloc) -> Step:
+    if state.kind == "pil":
+        state.kind = "tensor"
+        return Step(transform_name(t), [ToCHW()])
+    return Step(transform_name(t), [])
+
+
+def _to_float(t, state: ChainState, dtype, scale: bool) -> Step:
+    if state.kind != "tensor":
+        raise Unsupported(f"{transform_name(t)} on a PIL image is left to torchvision")
+    if dtype not in _FLOATS and dtype != torch.uint8:
+        raise Unsupported(f"{transform_name(t)} to {dtype} is not translated (float32 and uint8 are)")
+    if dtype == torch.uint8:
+        if state.dtype != "uint8":
+            raise Unsupported(f"{transform_name(t)} float -> uint8 is not translated")
+        return Step(transform_name(t), [])
+    if state.dtype == "float32":
+        return Step(transform_name(t), [])
+    state.dtype = "float32"
+    return Step(transform_name(t), [ToFloat(1.0 / 255.0 if scale else 1.0)])
+
+
+_convert_types = [T.ConvertImageDtype] + ([v2.ConvertImageDtype] if hasattr(v2, "ConvertImageDtype") else [])
+
+
+@register(*_convert_types)
+def convert_image_dtype(t, state: ChainState, alloc) -> Step:
+    return _to_float(t, state, t.dtype, scale=True)
+
+
+@register(v2.ToDtype)
+def to_dtype(t, state: ChainState, alloc) -> Step:
+    if not isinstance(t.dtype, torch.dtype):
+        raise Unsupported("v2.ToDtype with a per-type dtype dict is not translated")
+    return _to_float(t, state, t.dtype, scale=bool(t.scale))
+
+
+@register(T.Normalize, v2.Normalize)
+def normalize(t, state: ChainState, alloc) -> Step:
+    if state.kind != "tensor" or state.dtype != "float32":
+        raise Unsupported("Normalize needs a float tensor here; torchvision would raise")
+    mean = tuple(float(m) for m in (t.mean if isinstance(t.mean, (list, tuple)) else [t.mean]))
+    std = tuple(float(s) for s in (t.std if isinstance(t.std, (list, tuple)) else [t.std]))
+    if len(mean) not in (1, state.channels) or len(std) not in (1, state.channels):
+        raise Unsupported(f"Normalize with {len(mean)} means for {state.channels} channels")
+    if any(s == 0 for s in std):
+        raise Unsupported("Normalize with a zero std; torchvision would raise")
+    n = state.channels
+    return Step(transform_name(t), [Normalize(mean * n if len(mean) == 1 else mean,
+                                              std * n if len(std) == 1 else std)])
+
+
+@register(v2.ToPureTensor)
+def to_pure_tensor(t, state: ChainState, alloc) -> Step:
+    return Step(transform_name(t), [])

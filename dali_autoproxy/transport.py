@@ -1,0 +1,186 @@
+"""Worker-to-main transport: what a worker hands over instead of a processed image.
+
+In the worker, the dataset's transform is replaced by a :class:`ProxyNode`. It returns a
+:class:`ProxySample` (the file's encoded bytes or the image's pixels, plus the per-sample
+params drawn with torchvision's RNG calls). ``default_collate`` batches those into one
+:class:`ProxyBatch`, whose pixel bytes sit in a single shared-memory tensor: one file
+descriptor per batch, no pickling of image data. The batch then travels through the
+DataLoader's own result queue, so ordering, timeouts and worker errors are the DataLoader's.
+
+Samples DALI should not see (PNG, CMYK, unreadable headers...) take the original transform
+on the CPU right here; they travel as finished tensors and are merged back in place.
+"""
+from __future__ import annotations
+
+import io
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+from torch.utils.data._utils.collate import default_collate_fn_map
+
+from .planning import Plan
+
+DALI_DECODABLE = {("JPEG", "RGB"), ("JPEG", "L")}  # decoded by DALI exactly as PIL's .convert("RGB")
+
+
+class EncodedImage:
+    """A file's bytes, standing in for the PIL image torchvision's loader would return."""
+    __slots__ = ("path", "data")
+
+    def __init__(self, path: str, data: bytes):
+        self.path = path
+        self.data = data
+
+
+class EncodedFileLoader:
+    """Replaces ImageFolder's PIL loader in workers: read the file, leave decoding to DALI."""
+
+    def __call__(self, path: str) -> EncodedImage:
+        with open(path, "rb") as f:
+            return EncodedImage(path, f.read())
+
+
+class ProxySample:
+    """One sample's input to the DALI pipeline, or its finished CPU result (``done``)."""
+    __slots__ = ("plan_id", "payload", "params", "path", "done")
+
+    def __init__(self, plan_id: int, payload: Optional[np.ndarray] = None,
+                 params: Optional[List[int]] = None, path: Optional[str] = None,
+                 done: Optional[torch.Tensor] = None):
+        self.plan_id = plan_id
+        self.payload = payload
+        self.params = params
+        self.path = path
+        self.done = done
+
+    def __repr__(self) -> str:
+        return f"ProxySample(plan={self.plan_id}, path={self.path!r}, done={self.done is not None})"
+
+
+class ProxyNode:
+    """The transform the worker calls in place of the dataset's recognised chain."""
+
+    def __init__(self, plan_id: int, plan: Plan, original: Any):
+        self.plan_id = plan_id
+        self.plan = plan
+        self.original = original
+
+    def __call__(self, img: Any) -> ProxySample:
+        from PIL import Image
+        if isinstance(img, EncodedImage):
+            return self._encoded(img)
+        if (isinstance(img, Image.Image) and self.plan.input_kind == "raw" and img.mode == "RGB"):
+            pixels = np.asarray(img)
+            height, width = pixels.shape[:2]
+            return ProxySample(self.plan_id, pixels, self.plan.draw(height, width))
+        return self._on_cpu(img)
+
+    def _encoded(self, enc: EncodedImage) -> ProxySample:
+        from PIL import Image
+        try:
+            with Image.open(io.BytesIO(enc.data)) as header:  # parses the header, decodes nothing
+                fmt, mode, (width, height) = header.format, header.mode, header.size
+        except Exception:
+            from torchvision.datasets.folder import pil_loader
+            return self._on_cpu(pil_loader(enc.path))  # raises exactly what torchvision raises
+        if (fmt, mode) in DALI_DECODABLE and width > 0 and height > 0:
+            payload = np.frombuffer(enc.data, dtype=np.uint8)
+            return ProxySample(self.plan_id, payload, self.plan.draw(height, width), enc.path)
+        with Image.open(io.BytesIO(enc.data)) as img:
+            return self._on_cpu(img.convert("RGB"), enc.path)
+
+    def _on_cpu(self, img: Any, path: Optional[str] = None) -> ProxySample:
+        out = self.original(img)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"dali_autoproxy: the original transform returned {type(out).__name__}, "
+                            "expected a tensor")
+        return ProxySample(self.plan_id, path=path, done=out.as_subclass(torch.Tensor))
+
+
+class ProxyGroup:
+    """The samples of one batch that share a plan (and so a DALI pipeline)."""
+
+    def __init__(self, plan_id: int, indices: List[int], payload: torch.Tensor,
+                 offsets: np.ndarray, shapes: Optional[np.ndarray], params: np.ndarray,
+                 paths: List[Optional[str]]):
+        self.plan_id = plan_id
+        self.indices = indices
+        self.payload = payload      # uint8, all samples' bytes back to back (shared memory)
+        self.offsets = offsets      # int64 [n + 1]
+        self.shapes = shapes        # int64 [n, 3] for raw pixels, None for encoded files
+        self.params = params        # int32 [n, n_params]
+        self.paths = paths
+
+    def payload_views(self) -> List[np.ndarray]:
+        flat = self.payload.numpy()
+        views = [flat[self.offsets[i]:self.offsets[i + 1]] for i in range(len(self.indices))]
+        if self.shapes is not None:
+            views = [v.reshape(tuple(s)) for v, s in zip(views, self.shapes)]
+        return views
+
+
+class ProxyBatch:
+    """What the training loop would see as an image batch, before DALI has run."""
+
+    def __init__(self, size: int, groups: List[ProxyGroup], done_indices: List[int],
+                 done: List[torch.Tensor]):
+        self.size = size
+        self.groups = groups
+        self.done_indices = done_indices
+        self.done = done  # CPU-path results, one tensor each, or one stacked tensor
+
+    def done_tensors(self) -> List[torch.Tensor]:
+        if len(self.done) == 1 and len(self.done_indices) > 1:
+            return list(self.done[0].unbind(0))
+        return self.done
+
+    def __repr__(self) -> str:
+        return (f"ProxyBatch(size={self.size}, dali={[len(g.indices) for g in self.groups]}, "
+                f"cpu={len(self.done_indices)})")
+
+
+def _uint8_buffer(nbytes: int) -> torch.Tensor:
+    """In a worker, allocate straight in shared memory, so sending it copies nothing."""
+    if get_worker_info() is not None:
+        storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
+        return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,))
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def _pack(plan_id: int, indices: List[int], samples: List[ProxySample]) -> ProxyGroup:
+    payloads = [s.payload for s in samples]
+    sizes = np.fromiter((p.nbytes for p in payloads), dtype=np.int64, count=len(payloads))
+    offsets = np.zeros(len(payloads) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    buf = _uint8_buffer(int(offsets[-1]))
+    flat = buf.numpy()
+    for p, start, end in zip(payloads, offsets[:-1], offsets[1:]):
+        flat[start:end] = p.reshape(-1)
+    shapes = None
+    if payloads and payloads[0].ndim == 3:
+        shapes = np.array([p.shape for p in payloads], dtype=np.int64)
+    params = np.array([s.params for s in samples], dtype=np.int32).reshape(len(samples), -1)
+    return ProxyGroup(plan_id, indices, buf, offsets, shapes, params, [s.path for s in samples])
+
+
+def collate_proxy_samples(batch: List[ProxySample], *, collate_fn_map: Optional[Dict] = None) -> ProxyBatch:
+    """default_collate's handler for ProxySample (registered below, in every process)."""
+    by_plan: Dict[int, List[int]] = {}
+    done_indices: List[int] = []
+    for i, s in enumerate(batch):
+        if not isinstance(s, ProxySample):
+            raise TypeError(f"dali_autoproxy: cannot batch a proxied sample with {type(s).__name__}")
+        if s.done is not None:
+            done_indices.append(i)
+        else:
+            by_plan.setdefault(s.plan_id, []).append(i)
+    groups = [_pack(pid, idx, [batch[i] for i in idx]) for pid, idx in by_plan.items()]
+    done = [batch[i].done for i in done_indices]
+    if len(done) > 1 and all(d.shape == done[0].shape for d in done):
+        done = [torch.stack(done)]  # one tensor, one file descriptor
+    return ProxyBatch(len(batch), groups, done_indices, done)
+
+
+default_collate_fn_map[ProxySample] = collate_proxy_samples
