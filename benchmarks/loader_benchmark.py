@@ -1,0 +1,227 @@
+"""Images/s of one unchanged ImageFolder loader, plain and with autoproxy, beside the
+hand-written references, measured side by side in one run.
+
+Modes (each on the same corpus, batch size, workers and transforms):
+  torchvision  plain DataLoader, PIL decode + torchvision transforms in the workers
+  autoproxy    the same loader object code after dali_autoproxy.enable()
+  dali_proxy   a hand-written DALI proxy pipeline (nvidia.dali.plugin.pytorch.experimental.proxy),
+               workers read file bytes, DALI decodes (ROI decode for train) on the device
+  dali_native  fn.readers.file + the same DALI ops, no DataLoader (upper bound)
+
+Every batch is moved to the GPU (when there is one) as a training loop would; the first
+--warmup batches of each run are not timed. CPU time is the process tree's (main, DALI
+threads and the joined workers) per 1,000 images.
+
+    python benchmarks/loader_benchmark.py --images 8192 --workers 4 8 15 --out benchmarks/results/h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from corpus import make_corpus  # noqa: E402
+
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+
+
+def tv_transform(kind: str):
+    import torchvision.transforms as T
+    if kind == "train":
+        return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+    return T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+def cpu_seconds() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def consume(batches, device: str, warmup: int):
+    """Iterate like a training loop; return (images timed, seconds timed)."""
+    n, t0 = 0, None
+    for i, (x, y) in enumerate(batches):
+        if device == "cuda":
+            x = x.cuda(non_blocking=True)
+            y = y.cuda(non_blocking=True)
+        if i == warmup:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        if i >= warmup:
+            n += x.shape[0]
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return n, time.perf_counter() - (t0 or time.perf_counter())
+
+
+def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=False):
+    import torchvision
+    import dali_autoproxy
+    if autoproxy:
+        dali_autoproxy.enable(device=dali_device, log_level="WARNING")
+    try:
+        ds = torchvision.datasets.ImageFolder(root, transform=tv_transform(kind))
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=kind == "train",
+                                             num_workers=workers, pin_memory=torch.cuda.is_available(),
+                                             drop_last=False)
+        n, dt = consume(loader, "cuda" if torch.cuda.is_available() else "cpu", warmup)
+        rep = dali_autoproxy.report()[-1] if autoproxy else None
+        del loader
+        gc.collect()
+        if autoproxy and not rep["proxied"]:
+            raise RuntimeError(f"autoproxy fell back: {rep['reason']}")
+        return n, dt
+    finally:
+        dali_autoproxy.disable()
+
+
+def _dali_ops(jpegs, kind, dali_device):
+    from nvidia.dali import fn, types
+    decode_device = "mixed" if dali_device == "gpu" else "cpu"
+    if kind == "train":
+        images = fn.decoders.image_random_crop(jpegs, device=decode_device, output_type=types.RGB,
+                                               random_aspect_ratio=[0.75, 4.0 / 3.0], random_area=[0.08, 1.0])
+        images = fn.resize(images, size=[224, 224], interp_type=types.INTERP_LINEAR, antialias=True)
+        mirror = fn.random.coin_flip(probability=0.5)
+        crop = {}
+    else:
+        images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB)
+        images = fn.resize(images, resize_shorter=256, interp_type=types.INTERP_LINEAR, antialias=True)
+        mirror, crop = 0, {"crop": (224, 224)}
+    return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
+                                    mean=[m * 255 for m in MEAN], std=[s * 255 for s in STD], **crop)
+
+
+def _read_bytes(path):
+    return np.fromfile(path, dtype=np.uint8)
+
+
+def run_dali_proxy(root, kind, workers, batch, warmup, dali_device, threads):
+    """The hand-written reference, following DALI's proxy documentation."""
+    import torchvision
+    from nvidia.dali import fn, pipeline_def
+    from nvidia.dali.plugin.pytorch.experimental import proxy as dali_proxy
+
+    @pipeline_def
+    def pipe():
+        return _dali_ops(fn.external_source(name="images", no_copy=True), kind, dali_device)
+
+    p = pipe(batch_size=batch, num_threads=threads, device_id=0 if dali_device == "gpu" else None,
+             prefetch_queue_depth=2 * max(1, workers))
+    with dali_proxy.DALIServer(p) as server:
+        ds = torchvision.datasets.ImageFolder(root, transform=server.proxy, loader=_read_bytes)
+        loader = dali_proxy.DataLoader(server, ds, batch_size=batch, num_workers=workers,
+                                       shuffle=kind == "train", drop_last=False)
+        n, dt = consume(loader, "cuda" if dali_device == "gpu" else "cpu", warmup)
+        del loader
+    gc.collect()
+    return n, dt
+
+
+def run_dali_native(root, kind, workers, batch, warmup, dali_device, threads):
+    from nvidia.dali import fn, pipeline_def
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    @pipeline_def
+    def pipe():
+        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=kind == "train", name="reader")
+        return _dali_ops(jpegs, kind, dali_device), labels
+
+    p = pipe(batch_size=batch, num_threads=threads, device_id=0 if dali_device == "gpu" else None)
+    it = DALIGenericIterator(p, ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.PARTIAL)
+    n, dt = consume(((b[0]["x"], b[0]["y"]) for b in it), "cuda" if dali_device == "gpu" else "cpu", warmup)
+    del it, p
+    gc.collect()
+    return n, dt
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "data", "corpus"))
+    ap.add_argument("--images", type=int, default=8192)
+    ap.add_argument("--workers", type=int, nargs="+", default=[4, 8, 15])
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--pipelines", nargs="+", default=["train", "eval"])
+    ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy", "dali_proxy", "dali_native"])
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1, help="repeat DALI modes, keep the best epoch")
+    ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+
+    from dali_autoproxy.pipeline import default_num_threads
+    threads = default_num_threads(a.device)
+    corpus = make_corpus(a.data, a.images)
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+           "dali_device": a.device, "dali_threads": threads}
+    try:
+        import nvidia.dali
+        import torchvision
+        env.update(dali=nvidia.dali.__version__, torchvision=torchvision.__version__)
+    except ImportError:
+        pass
+    print(json.dumps({"corpus": corpus, "env": env}), flush=True)
+    runners = {"torchvision": lambda *x: run_torchvision(*x[:6]),
+               "autoproxy": lambda *x: run_torchvision(*x[:6], autoproxy=True),
+               "dali_proxy": run_dali_proxy, "dali_native": run_dali_native}
+    results = []
+    for kind in a.pipelines:
+        for w in a.workers:
+            for mode in a.modes:
+                if mode == "dali_native" and w != a.workers[0]:
+                    continue  # no DataLoader workers: measured once per pipeline
+                best = None
+                for _ in range(1 if mode == "torchvision" else a.repeat):
+                    c0 = cpu_seconds()
+                    n, dt = runners[mode](a.data, kind, w, a.batch, a.warmup, a.device, threads)
+                    cpu = cpu_seconds() - c0
+                    row = {"pipeline": kind, "mode": mode, "workers": w if mode != "dali_native" else 0,
+                           "images": n, "seconds": round(dt, 3), "images_per_s": round(n / dt, 1),
+                           "cpu_s_per_1k_images": round(1000 * cpu / max(1, n), 2)}
+                    if best is None or row["images_per_s"] > best["images_per_s"]:
+                        best = row
+                results.append(best)
+                print(json.dumps(best), flush=True)
+    summary = summarize(results)
+    print(summary, flush=True)
+    if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump({"corpus": corpus, "env": env, "batch": a.batch, "results": results}, f, indent=1)
+        with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
+            f.write(summary + "\n")
+
+
+def summarize(results) -> str:
+    lines = ["| pipeline | workers | torchvision img/s | autoproxy img/s | DALI proxy (hand-written) img/s "
+             "| autoproxy / torchvision | autoproxy / DALI proxy | CPU s per 1k img (tv / autoproxy) |",
+             "|---|---|---|---|---|---|---|---|"]
+    by = {(r["pipeline"], r["mode"], r["workers"]): r for r in results}
+    for (kind, mode, w), r in sorted(by.items()):
+        if mode != "autoproxy":
+            continue
+        tv, dp = by.get((kind, "torchvision", w)), by.get((kind, "dali_proxy", w))
+        f = lambda x: f"{x['images_per_s']:,.0f}" if x else "-"  # noqa: E731
+        ratio = lambda x: f"{r['images_per_s'] / x['images_per_s']:.2f}x" if x else "-"  # noqa: E731
+        lines.append(f"| {kind} | {w} | {f(tv)} | {f(r)} | {f(dp)} | {ratio(tv)} | {ratio(dp)} | "
+                     f"{tv['cpu_s_per_1k_images'] if tv else '-'} / {r['cpu_s_per_1k_images']} |")
+    for (kind, mode, w), r in sorted(by.items()):
+        if mode == "dali_native":
+            lines.append(f"\nnative DALI reader ({kind}): {r['images_per_s']:,.0f} img/s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from photos import make_gradient_folder, make_photo_folder  # noqa: E402
+
+
+def dali_installed() -> bool:
+    try:
+        import nvidia.dali  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def cuda_usable() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available() and dali_installed()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if cuda_usable():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU and DALI (the CPU-backend twin runs in CI)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def photo_root(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("photos"))
+    make_photo_folder(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def mixed_root(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("mixed"))
+    special = make_photo_folder(root, per_class=3, extras=True)
+    return root, special
+
+
+@pytest.fixture(scope="session")
+def gradient_root(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("gradient"))
+    make_gradient_folder(root)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _disabled_after():
+    yield
+    import dali_autoproxy
+    dali_autoproxy.disable()

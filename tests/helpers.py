@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+import torchvision
+from torch.utils.data import DataLoader
+
+import dali_autoproxy
+
+
+def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, **loader_kw) -> List[Tuple]:
+    """Iterate one epoch (plain or autoproxied) and return cloned batches."""
+    loader_kw.setdefault("batch_size", 8)
+    loader_kw.setdefault("num_workers", 2)
+    if autoproxy:
+        dali_autoproxy.enable(device=device, log_level="WARNING")
+    else:
+        dali_autoproxy.disable()
+    try:
+        torch.manual_seed(seed)
+        loader = DataLoader(dataset, **loader_kw)
+        return [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in b) for b in loader]
+    finally:
+        dali_autoproxy.disable()
+
+
+def image_folder(root, transform):
+    return torchvision.datasets.ImageFolder(root, transform=transform)
+
+
+def last_report() -> dict:
+    return dali_autoproxy.report()[-1]

@@ -1,0 +1,153 @@
+"""Autoproxy's batches against plain torchvision's, through real DataLoader workers and
+real DALI pipelines (CPU backend here; tests/test_gpu.py repeats them on the GPU).
+
+Tolerance, stated: in the uint8 domain (Normalize and ToTensor undone), mean absolute
+error <= 0.5 levels and PSNR >= 40 dB per batch. DALI's CPU decoder and PIL both use
+libjpeg-turbo, so decoding is near exact; the residual is the resampler (DALI's resize vs
+PIL's / torch's: filter support and rounding), a fraction of one level on average. Crops,
+flips, labels and normalisation must not differ: the same seed gives the same crop boxes
+and flips as torchvision, and a crop off by a single pixel already costs several levels.
+"""
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
+from scipy import stats
+from torch.utils.data import Subset
+
+from helpers import image_folder, last_report, load_all
+from photos import CLASS_TINTS, MEAN, STD, psnr, to_uint8_domain
+
+MAE_MAX, PSNR_MIN = 0.5, 40.0
+
+EVAL = {
+    "v1_pil": lambda: T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)]),
+    "v2_pil": lambda: v2.Compose([v2.Resize(256), v2.CenterCrop(224), v2.ToImage(),
+                                  v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]),
+    "v1_tensor": lambda: T.Compose([T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Resize(256, antialias=True),
+                                    T.CenterCrop(224), T.Normalize(MEAN, STD)]),
+    "v2_tensor": lambda: v2.Compose([v2.ToImage(), v2.Resize(256), v2.CenterCrop(224),
+                                     v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD),
+                                     v2.ToPureTensor()]),
+}
+TRAIN = {
+    "v1": lambda: T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]),
+    "v2": lambda: v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.ToImage(),
+                              v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]),
+}
+
+
+def compare(ref, out, normalized=True, mae_max=MAE_MAX, psnr_min=PSNR_MIN):
+    assert len(ref) == len(out)
+    worst_mae, worst_psnr = 0.0, float("inf")
+    for (a, la), (b, lb) in zip(ref, out):
+        assert torch.equal(la, lb), "labels differ"
+        assert a.shape == b.shape and a.dtype == b.dtype
+        a8 = to_uint8_domain(a, normalized).numpy()
+        b8 = to_uint8_domain(b.cpu(), normalized).numpy()
+        worst_mae = max(worst_mae, float(np.abs(a8 - b8).mean()))
+        worst_psnr = min(worst_psnr, psnr(a8, b8))
+    assert worst_mae <= mae_max and worst_psnr >= psnr_min, (worst_mae, worst_psnr)
+    return worst_mae, worst_psnr
+
+
+@pytest.mark.parametrize("name", sorted(EVAL))
+def test_eval_pipeline_matches_torchvision(photo_root, name):
+    ds = image_folder(photo_root, EVAL[name]())
+    ref = load_all(ds, autoproxy=False)
+    out = load_all(ds, autoproxy=True)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode_on_dali"], rep
+    compare(ref, out)
+
+
+@pytest.mark.parametrize("name", sorted(TRAIN))
+def test_train_pipeline_same_seed_same_crops(photo_root, name):
+    ds = image_folder(photo_root, TRAIN[name]())
+    ref = load_all(ds, autoproxy=False, shuffle=True, seed=3)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=3)
+    assert last_report()["proxied"]
+    compare(ref, out)
+
+
+def test_every_image_keeps_its_label_under_shuffle(photo_root):
+    """The class is written in the pixels (a tint per class): read it back after DALI."""
+    ds = image_folder(photo_root, TRAIN["v1"]())
+    batches = load_all(ds, autoproxy=True, shuffle=True, num_workers=3, batch_size=5, seed=11)
+    n = 0
+    for x, y in batches:
+        x8 = to_uint8_domain(x, True)
+        tint = torch.tensor(CLASS_TINTS)
+        channel_means = x8.mean(dim=(2, 3))
+        predicted = (channel_means / channel_means.sum(1, keepdim=True)) @ tint.T
+        assert torch.equal(predicted.argmax(1), y), (predicted, y)
+        n += len(y)
+    assert n == len(ds)
+
+
+def _boxes(batches, sizes):
+    """Recover (area fraction, log aspect, flipped) of each crop from gradient pixels."""
+    rows = []
+    i = 0
+    for x, _ in batches:
+        x8 = to_uint8_domain(x, False)
+        for img in x8:
+            h, w = sizes[i % len(sizes)]
+            i += 1
+            left, right = img[0, :, 0].mean().item(), img[0, :, -1].mean().item()
+            top, bottom = img[1, 0, :].mean().item(), img[1, -1, :].mean().item()
+            cw = abs(right - left) / 255 * (w - 1) + 1
+            ch = abs(bottom - top) / 255 * (h - 1) + 1
+            rows.append((cw * ch / (w * h), np.log(cw / ch), right < left))
+    return np.array(rows)
+
+
+def test_crop_and_flip_distributions_match_torchvision(gradient_root):
+    """Two independent runs (different seeds): torchvision and autoproxy. Two-sample
+    Kolmogorov-Smirnov tests on crop area and log aspect ratio (p > 0.001), and the flip
+    rates within 4 standard errors of each other and of p=0.5."""
+    from PIL import Image
+    tf = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor()])
+    base = image_folder(gradient_root, tf)
+    sizes = [Image.open(p).size[::-1] for p, _ in base.samples]
+    n_rep = 60
+    ds = Subset(base, list(range(len(base))) * n_rep)
+    ref = _boxes(load_all(ds, autoproxy=False, batch_size=40, seed=1), sizes)
+    out = _boxes(load_all(ds, autoproxy=True, batch_size=40, seed=2), sizes)
+    assert last_report()["proxied"]
+    assert stats.ks_2samp(ref[:, 0], out[:, 0]).pvalue > 1e-3
+    assert stats.ks_2samp(ref[:, 1], out[:, 1]).pvalue > 1e-3
+    n = len(out)
+    se = np.sqrt(0.25 / n)
+    assert abs(out[:, 2].mean() - 0.5) < 4 * se
+    assert abs(out[:, 2].mean() - ref[:, 2].mean()) < 4 * np.sqrt(2) * se
+
+
+def test_uint8_output_is_exact_type_and_layout(photo_root):
+    tf = T.Compose([T.Resize((200, 300)), T.PILToTensor()])
+    ds = image_folder(photo_root, tf)
+    ref = load_all(ds, autoproxy=False)
+    out = load_all(ds, autoproxy=True)
+    assert out[0][0].dtype == torch.uint8 and out[0][0].shape[1:] == (3, 200, 300)
+    compare(ref, out, normalized=False)
+
+
+def test_center_crop_larger_than_image_pads_with_zeros(photo_root):
+    tf = T.Compose([T.Resize(200), T.CenterCrop(300), T.ToTensor()])
+    ds = image_folder(photo_root, tf)
+    ref = load_all(ds, autoproxy=False, batch_size=1)
+    out = load_all(ds, autoproxy=True, batch_size=1)
+    for (a, _), (b, _) in zip(ref, out):
+        assert torch.equal(a == 0, b == 0) or (((a == 0) != (b == 0)).float().mean() < 0.01)
+    compare(ref, out, normalized=False)
+
+
+def test_grayscale_rgba_palette_cmyk_match_pil(mixed_root):
+    root, special = mixed_root
+    ds = image_folder(root, EVAL["v1_pil"]())
+    ref = load_all(ds, autoproxy=False, batch_size=4)
+    out = load_all(ds, autoproxy=True, batch_size=4)
+    compare(ref, out)
+    rep = last_report()
+    assert rep["cpu_path_samples"] == 3  # the two PNGs and the CMYK JPEG; grayscale JPEG decodes in DALI
