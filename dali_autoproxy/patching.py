@@ -100,8 +100,9 @@ class Instrumentor:
             for site in decision.sites:
                 state.give_back({site.plan_id: state.take_runner(site, instance.batch_size, decision.device)})
         except Exception as exc:
-            from .loader import Decision
-            state.update(Decision(False, f"set-up failed ({exc.__class__.__name__}: {exc})"), options)
+            from .loader import Decision, _all_transform_names
+            state.update(Decision(False, f"set-up failed ({exc.__class__.__name__}: {exc})",
+                                  worker_transforms=_all_transform_names(instance.dataset)), options)
             logger.debug("set-up failed", exc_info=True)
             return wrapped(*args, **kwargs)
         if instance.num_workers > 0:

@@ -1,0 +1,262 @@
+"""Loader behaviour with autoproxy: patching, DataLoader options, fallbacks, report."""
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torchvision.transforms as T
+import wrapt
+from torch.utils.data import DataLoader as DataLoaderImportedEarly  # before any enable()
+from torch.utils.data.distributed import DistributedSampler
+
+import dali_autoproxy
+from dali_autoproxy.patching import instrumentor
+from helpers import image_folder, last_report, load_all
+from photos import MEAN, STD
+from test_fidelity import compare
+
+EVAL = lambda: T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])  # noqa: E731
+TRAIN = lambda: T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToTensor(),  # noqa: E731
+                           T.Normalize(MEAN, STD)])
+
+
+def test_enable_twice_and_disable_restore_the_class():
+    dl = torch.utils.data.dataloader.DataLoader
+    originals = {k: dl.__dict__[k] for k in ("__init__", "_get_iterator")}
+    dali_autoproxy.enable(device="cpu")
+    dali_autoproxy.enable(device="cpu")
+    assert dali_autoproxy.is_enabled()
+    for k in originals:
+        assert isinstance(dl.__dict__[k], wrapt.FunctionWrapper)
+        assert dl.__dict__[k].__wrapped__ is originals[k]
+    assert len(instrumentor._patched) == 2
+    dali_autoproxy.disable()
+    assert not dali_autoproxy.is_enabled()
+    for k, v in originals.items():
+        assert dl.__dict__[k] is v
+
+
+def test_loader_imported_before_enable_is_proxied_and_keeps_its_api(photo_root):
+    ds = image_folder(photo_root, EVAL())
+    tf = ds.transform
+    dali_autoproxy.enable(device="cpu")
+    sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True)
+    loader = DataLoaderImportedEarly(ds, batch_size=5, num_workers=2, sampler=sampler)
+    assert isinstance(loader, torch.utils.data.DataLoader)
+    assert len(loader) == (len(ds) + 4) // 5 and loader.dataset is ds and loader.sampler is sampler
+    sampler.set_epoch(1)
+    n = sum(len(y) for _, y in loader)
+    assert n == len(ds) and last_report()["proxied"]
+    assert ds.transform is tf  # the user's dataset is untouched in the main process
+    pickle.loads(pickle.dumps((ds, sampler)))  # the loader's arguments still pickle
+
+
+@pytest.mark.parametrize("kw", [
+    dict(num_workers=0),
+    dict(num_workers=2, pin_memory=True),
+    dict(num_workers=2, persistent_workers=True),
+    dict(num_workers=2, drop_last=False, batch_size=7),
+    dict(num_workers=1, batch_size=1),
+    dict(num_workers=2, prefetch_factor=4, multiprocessing_context="spawn"),
+], ids=["workers0", "pin_memory", "persistent", "last_small_batch", "batch1", "spawn"])
+def test_loader_options_give_torchvision_batches(photo_root, kw):
+    ds = image_folder(photo_root, TRAIN())
+    kw = dict(kw, shuffle=True, seed=5)
+    ref = load_all(ds, autoproxy=False, **kw)
+    out = load_all(ds, autoproxy=True, **kw)
+    assert last_report()["proxied"], last_report()
+    assert [len(b[1]) for b in ref] == [len(b[1]) for b in out]
+    compare(ref, out)
+
+
+def test_persistent_workers_across_epochs_and_break(photo_root):
+    ds = image_folder(photo_root, TRAIN())
+    dali_autoproxy.enable(device="cpu")
+    torch.manual_seed(0)
+    loader = DataLoaderImportedEarly(ds, batch_size=4, num_workers=2, shuffle=True, persistent_workers=True)
+    for x, y in loader:
+        break  # leaves batches in flight
+    seen = []
+    for epoch in range(2):
+        labels = torch.cat([y for _, y in loader])
+        assert len(labels) == len(ds)
+        assert sorted(labels.tolist()) == sorted(t for _, t in ds.samples)
+        seen.append(labels)
+    assert not torch.equal(seen[0], seen[1])  # reshuffled
+
+
+def test_two_loaders_interleaved(photo_root):
+    train, val = image_folder(photo_root, TRAIN()), image_folder(photo_root, EVAL())
+    ref_val = load_all(val, autoproxy=False)
+    dali_autoproxy.enable(device="cpu")
+    tl = DataLoaderImportedEarly(train, batch_size=4, num_workers=2, shuffle=True)
+    vl = DataLoaderImportedEarly(val, batch_size=8, num_workers=2)
+    vi = iter(vl)
+    out_val = []
+    for i, (x, y) in enumerate(tl):
+        assert x.shape[1:] == (3, 96, 96)
+        if i % 2 == 0:
+            b = next(vi, None)
+            if b is not None:
+                out_val.append(b)
+    out_val += list(vi)
+    assert all(r["proxied"] for r in dali_autoproxy.report()[-2:])
+    compare(ref_val, out_val)
+
+
+# ---------------------------------------------------------------- fallbacks: reason + identical batches
+def _fallback_case(ds, reason_part, **kw):
+    ref = load_all(ds, autoproxy=False, **kw)
+    out = load_all(ds, autoproxy=True, **kw)
+    rep = last_report()
+    assert not rep["proxied"] and reason_part in rep["reason"], rep
+    assert rep["worker_transforms"] and not rep["dali_transforms"]
+    for a, b in zip(ref, out):
+        for u, v in zip(a, b):
+            assert torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v
+
+
+def test_fallback_untranslated_transform(photo_root):
+    tf = T.Compose([T.RandomRotation(10), T.Resize(64), T.CenterCrop(64), T.ToTensor()])
+    _fallback_case(image_folder(photo_root, tf), "RandomRotation has no DALI translation", shuffle=True)
+
+
+def test_fallback_unsupported_argument(photo_root):
+    tf = T.Compose([T.ToTensor(), T.Resize(64, interpolation=T.InterpolationMode.NEAREST), T.CenterCrop(64)])
+    _fallback_case(image_folder(photo_root, tf), "NEAREST on tensors")
+
+
+def test_fallback_custom_collate(photo_root):
+    def my_collate(batch):
+        return torch.stack([b[0] for b in batch]), torch.tensor([b[1] for b in batch])
+    _fallback_case(image_folder(photo_root, EVAL()), "custom collate_fn", collate_fn=my_collate)
+
+
+def test_fallback_no_batching(photo_root):
+    _fallback_case(image_folder(photo_root, EVAL()), "batch_size=None", batch_size=None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU fallback")
+def test_fallback_without_gpu_in_auto_mode(photo_root):
+    ds = image_folder(photo_root, EVAL())
+    ref = load_all(ds, autoproxy=False)
+    out = load_all(ds, autoproxy=True, device="auto")
+    rep = last_report()
+    assert not rep["proxied"] and "no usable CUDA GPU" in rep["reason"]
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(ref, out))
+
+
+def test_fallback_when_setup_fails(photo_root, monkeypatch):
+    from dali_autoproxy import pipeline
+
+    def broken(*a, **k):
+        raise RuntimeError("simulated pipeline build failure")
+    monkeypatch.setattr(pipeline.DaliRunner, "_build", broken)
+    _fallback_case(image_folder(photo_root, EVAL()), "set-up failed")
+
+
+def test_fallback_without_dali_installed(photo_root, tmp_path):
+    script = tmp_path / "no_dali.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.modules["nvidia.dali"] = None  # import nvidia.dali now raises ImportError
+        sys.path.insert(0, {str(__import__('os').path.dirname(__file__))!r})
+        import torch, json
+        from helpers import image_folder, load_all, last_report
+        from photos import MEAN, STD
+        import torchvision.transforms as T
+        ds = image_folder({photo_root!r}, T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor()]))
+        ref = load_all(ds, autoproxy=False)
+        out = load_all(ds, autoproxy=True, device="cpu")
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(ref, out))
+        print(json.dumps(last_report()))
+    """))
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    import json
+    rep = json.loads(res.stdout.strip().splitlines()[-1])
+    assert not rep["proxied"] and "DALI is not installed" in rep["reason"]
+    assert "running plain torchvision" in res.stderr  # one message per loader, visible by default
+
+
+# ---------------------------------------------------------------- errors, options, report
+def test_dali_failure_names_the_batch_and_the_loader_recovers(photo_root, tmp_path):
+    import shutil
+    root = tmp_path / "data"
+    shutil.copytree(photo_root, root)
+    good = sorted((root / "class1").iterdir())[0]
+    raw = good.read_bytes()
+    sos = raw.find(b"\xff\xda")  # keep the headers, corrupt the entropy-coded data
+    (root / "class1" / "zz_corrupt.jpg").write_bytes(raw[:sos + 20] + bytes(range(256)) * 8)
+    ds = image_folder(str(root), EVAL())
+    dali_autoproxy.enable(device="cpu")
+    loader = DataLoaderImportedEarly(ds, batch_size=4, num_workers=2)
+
+    def one_epoch():
+        errors, labels = [], []
+        it = iter(loader)
+        while True:
+            try:
+                labels.append(next(it)[1])
+            except StopIteration:
+                return errors, labels
+            except RuntimeError as exc:
+                errors.append(exc)
+
+    errors, labels = one_epoch()
+    if not errors:
+        pytest.skip("this DALI build decodes the corrupt file without an error")
+    assert len(errors) == 1
+    assert "zz_corrupt.jpg" in str(errors[0]) and "batch 4" in str(errors[0])
+    expected = [t for _, t in ds.samples]
+    del expected[16:20]  # only the failing batch is lost; the others arrive, in order
+    assert torch.cat(labels).tolist() == expected
+    errors2, labels2 = one_epoch()  # the next epoch runs on a rebuilt pipeline, the same way
+    assert len(errors2) == 1 and torch.cat(labels2).tolist() == expected
+
+
+def test_bad_option_values_are_clear_errors(monkeypatch):
+    with pytest.raises(ValueError, match=r"device='tpu'.*auto, gpu, cpu"):
+        dali_autoproxy.enable(device="tpu")
+    with pytest.raises(ValueError, match=r"output='gpu'.*auto, cpu"):
+        dali_autoproxy.enable(output="gpu")
+    with pytest.raises(ValueError, match=r"log_level='LOUD'"):
+        dali_autoproxy.enable(log_level="LOUD")
+    monkeypatch.setenv("DALI_AUTOPROXY_DEVICE", "quantum")
+    with pytest.raises(ValueError, match="DALI_AUTOPROXY_DEVICE='quantum'"):
+        dali_autoproxy.enable()
+    assert not dali_autoproxy.is_enabled()
+
+
+def test_report_rows_and_table(photo_root, capsys):
+    ds = image_folder(photo_root, EVAL())
+    load_all(ds, autoproxy=True)
+    rep = last_report()
+    for key in ("proxied", "reason", "decode_on_dali", "worker_transforms", "dali_transforms", "device"):
+        assert key in rep
+    assert rep["dali_transforms"] == ["decode", "Resize", "CenterCrop", "ToTensor", "Normalize"]
+    assert rep["device"] == "cpu" and rep["reason"] is None
+    assert rep["samples"] == len(ds) and rep["batches"] == (len(ds) + 7) // 8
+    dali_autoproxy.print_report()
+    table = capsys.readouterr().out
+    assert "proxied" in table.splitlines()[0] and "Resize, CenterCrop" in table
+
+
+def test_exif_rotation_is_not_applied(tmp_path):
+    """PIL's loader ignores EXIF orientation; so must DALI's decoder."""
+    import numpy as np
+    from PIL import Image
+    from photos import photographs
+    d = tmp_path / "exif" / "c0"
+    d.mkdir(parents=True)
+    img = Image.fromarray(photographs()[0][:300, :400])
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 CW on display
+    img.save(d / "rotated.jpg", exif=exif.tobytes(), quality=92)
+    ds = image_folder(str(tmp_path / "exif"), T.Compose([T.ToTensor()]))
+    ref = load_all(ds, autoproxy=False, num_workers=0, batch_size=1)
+    out = load_all(ds, autoproxy=True, num_workers=0, batch_size=1)
+    assert ref[0][0].shape == out[0][0].shape == (1, 3, 300, 400)
+    assert float((ref[0][0] - out[0][0]).abs().mean()) * 255 < 0.5

@@ -1,0 +1,81 @@
+"""Unit tests of the translation layer against torchvision's own functions."""
+import pytest
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.functional as F
+import torchvision.transforms.v2 as v2
+
+from dali_autoproxy.ir import Crop, Flip, Normalize, Resize, ToCHW, ToFloat, Unsupported
+from dali_autoproxy.planning import build_plan
+from dali_autoproxy.translate.geometry import center_crop_box, resized_output_size
+
+
+@pytest.mark.parametrize("hw", [(300, 400), (401, 299), (256, 256), (100, 1000)])
+@pytest.mark.parametrize("size,max_size", [(256, None), ([224], None), ((200, 300), None), (256, 300), (None, 300)])
+def test_resized_output_size_matches_torchvision(hw, size, max_size):
+    if size is None:
+        tf = v2.Resize(size=None, max_size=max_size)
+    else:
+        tf = v2.Resize(size, max_size=max_size)
+    img = torch.zeros(3, *hw, dtype=torch.uint8)
+    assert resized_output_size(*hw, tf.size, max_size) == tuple(tf(img).shape[-2:])
+
+
+@pytest.mark.parametrize("hw", [(300, 400), (225, 223), (100, 150), (224, 224), (50, 500)])
+@pytest.mark.parametrize("crop", [(224, 224), (101, 99), (300, 120)])
+def test_center_crop_box_matches_torchvision(hw, crop):
+    img = (torch.arange(hw[0] * hw[1]).reshape(1, *hw) % 251 + 1).to(torch.uint8)
+    expected = F.center_crop(img, list(crop))
+    top, left = center_crop_box(*hw, *crop)
+    padded = torch.zeros(1, hw[0] + 2 * crop[0], hw[1] + 2 * crop[1], dtype=torch.uint8)
+    padded[:, crop[0]:crop[0] + hw[0], crop[1]:crop[1] + hw[1]] = img
+    got = padded[:, crop[0] + top:crop[0] + top + crop[0], crop[1] + left:crop[1] + left + crop[1]]
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("tf", [T.RandomResizedCrop(224, scale=(0.2, 1.0)),
+                                v2.RandomResizedCrop(224, ratio=(0.5, 2.0))])
+def test_random_resized_crop_draws_torchvisions_boxes(tf):
+    plan = build_plan(T.Compose([tf, T.ToTensor()]) if isinstance(tf, T.RandomResizedCrop)
+                      else v2.Compose([tf, v2.ToImage()]), "encoded")
+    img = torch.zeros(3, 333, 500, dtype=torch.uint8)
+    for seed in range(50):
+        torch.manual_seed(seed)
+        if isinstance(tf, T.RandomResizedCrop):
+            expected = list(T.RandomResizedCrop.get_params(img, tf.scale, tf.ratio))
+        else:
+            p = tf.make_params([img])
+            expected = [p["top"], p["left"], p["height"], p["width"]]
+        torch.manual_seed(seed)
+        assert plan.draw(333, 500) == expected
+
+
+def test_flip_draw_matches_torchvision():
+    plan = build_plan(T.Compose([T.RandomHorizontalFlip(0.3), T.PILToTensor()]), "raw")
+    img = torch.arange(6, dtype=torch.uint8).reshape(1, 2, 3)
+    for seed in range(40):
+        torch.manual_seed(seed)
+        flipped = not torch.equal(T.RandomHorizontalFlip(0.3)(img), img)
+        torch.manual_seed(seed)
+        assert plan.draw(2, 3) == [int(flipped)]
+
+
+def test_ops_of_the_imagenet_train_chain():
+    plan = build_plan(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
+                                 T.Normalize([0.5] * 3, [0.25] * 3)]), "encoded")
+    assert [type(op) for op in plan.ops] == [Crop, Resize, Flip, ToFloat, ToCHW, Normalize]
+    assert plan.ops[0].in_bounds and plan.n_params == 5 and plan.state.fixed_size == (224, 224)
+
+
+@pytest.mark.parametrize("tf,reason", [
+    (T.Compose([T.Lambda(lambda x: x), T.ToTensor()]), "Lambda has no DALI translation"),
+    (T.Compose([T.Resize(10)]), "ends in a PIL image"),
+    (T.Compose([T.Normalize([0.5], [0.5])]), "needs a float tensor"),
+    (T.Compose([T.ToTensor(), T.ToTensor()]), "expects a PIL image"),
+    (T.Compose([T.Resize(10, interpolation=T.InterpolationMode.LANCZOS), T.ToTensor()]), "lanczos"),
+    (T.Compose([T.ToTensor(), T.Resize(10, interpolation=T.InterpolationMode.BICUBIC)]), "BICUBIC on tensors"),
+    (v2.Compose([v2.ToImage(), v2.ToDtype({torch.Tensor: torch.float32})]), "dict"),
+])
+def test_unsupported_chains_say_why(tf, reason):
+    with pytest.raises(Unsupported, match=reason):
+        build_plan(tf, "encoded")
