@@ -1,0 +1,69 @@
+"""The same paths with decoding and transforms on the GPU (nvJPEG / hardware decoder).
+Skipped without a CUDA GPU; their CPU-backend twins are in test_fidelity.py and
+test_behaviour.py. Run on the GPU machine with ``pytest -m gpu``.
+
+Tolerance on the GPU, stated: MAE <= 1.5 uint8 levels and PSNR >= 36 dB per batch. nvJPEG's
+IDCT and chroma upsampling differ from libjpeg-turbo's by a level or two near edges, on
+top of the resampler differences measured on the CPU backend.
+"""
+import pytest
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
+import torchvision
+
+from helpers import image_folder, last_report, load_all
+from photos import MEAN, STD
+from test_fidelity import EVAL, TRAIN, compare
+
+pytestmark = pytest.mark.gpu
+GPU_MAE, GPU_PSNR = 1.5, 36.0
+
+
+def _gpu_vs_torchvision(ds, **kw):
+    ref = load_all(ds, autoproxy=False, **kw)
+    out = load_all(ds, autoproxy=True, device="gpu", **kw)
+    rep = last_report()
+    assert rep["proxied"] and rep["device"] == "gpu" and rep["decode_on_dali"], rep
+    for x, y in out:
+        assert x.is_cuda and x.device.index == torch.cuda.current_device()
+        assert not y.is_cuda  # labels are untouched
+    return compare(ref, [(x.cpu(), y) for x, y in out], mae_max=GPU_MAE, psnr_min=GPU_PSNR)
+
+
+@pytest.mark.parametrize("name", sorted(EVAL))
+def test_gpu_eval_matches_torchvision(photo_root, name):
+    _gpu_vs_torchvision(image_folder(photo_root, EVAL[name]()))
+
+
+@pytest.mark.parametrize("name", sorted(TRAIN))
+def test_gpu_train_same_seed_same_crops(photo_root, name):
+    _gpu_vs_torchvision(image_folder(photo_root, TRAIN[name]()), shuffle=True, seed=3)
+
+
+def _cuda_flag(label):
+    return label * 10 + int(torch.cuda.is_initialized())
+
+
+def test_no_worker_touches_cuda(photo_root):
+    ds = torchvision.datasets.ImageFolder(photo_root, transform=EVAL["v1_pil"](), target_transform=_cuda_flag)
+    out = load_all(ds, autoproxy=True, device="gpu", num_workers=3)
+    assert last_report()["proxied"]
+    assert all(int(v) % 10 == 0 for _, y in out for v in y)  # no worker initialised CUDA
+    assert out[0][0].is_cuda
+
+
+def test_gpu_output_cpu_option_and_pin_memory(photo_root):
+    import dali_autoproxy
+    ds = image_folder(photo_root, EVAL["v2_pil"]())
+    dali_autoproxy.enable(device="gpu", output="cpu")
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, pin_memory=True)
+    for x, _ in loader:
+        assert not x.is_cuda and x.is_pinned()
+    assert last_report()["output"] == "cpu"
+
+
+def test_gpu_mixed_formats(mixed_root):
+    root, _ = mixed_root
+    _gpu_vs_torchvision(image_folder(root, EVAL["v1_pil"]()), batch_size=4)
+    assert last_report()["cpu_path_samples"] == 3
