@@ -155,9 +155,13 @@ def main(argv=None):
     ap.add_argument("--pipelines", nargs="+", default=["train", "eval"])
     ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy", "dali_proxy", "dali_native"])
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--repeat", type=int, default=1, help="repeat DALI modes, keep the best epoch")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per mode, interleaved; the median is reported")
+    ap.add_argument("--tv-repeat", type=int, default=1, help="runs of the (slow) torchvision mode")
+    ap.add_argument("--epochs", type=int, default=1, help="epochs per run for the DALI modes")
     ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one autoproxy train epoch at the largest worker count (main process)")
     a = ap.parse_args(argv)
 
     from dali_autoproxy.pipeline import default_num_threads
@@ -179,21 +183,42 @@ def main(argv=None):
     results = []
     for kind in a.pipelines:
         for w in a.workers:
-            for mode in a.modes:
-                if mode == "dali_native" and w != a.workers[0]:
-                    continue  # no DataLoader workers: measured once per pipeline
-                best = None
-                for _ in range(1 if mode == "torchvision" else a.repeat):
+            modes = [m for m in a.modes if not (m == "dali_native" and w != a.workers[0])]
+            runs = {m: [] for m in modes}
+            for rep in range(a.repeat):  # modes interleaved, so drift hits all of them alike
+                for mode in modes:
+                    if mode == "torchvision" and rep >= a.tv_repeat:
+                        continue
                     c0 = cpu_seconds()
-                    n, dt = runners[mode](a.data, kind, w, a.batch, a.warmup, a.device, threads)
+                    n, dt = 0, 0.0
+                    for _ in range(1 if mode == "torchvision" else a.epochs):
+                        ni, di = runners[mode](a.data, kind, w, a.batch, a.warmup, a.device, threads)
+                        n, dt = n + ni, dt + di
                     cpu = cpu_seconds() - c0
-                    row = {"pipeline": kind, "mode": mode, "workers": w if mode != "dali_native" else 0,
-                           "images": n, "seconds": round(dt, 3), "images_per_s": round(n / dt, 1),
-                           "cpu_s_per_1k_images": round(1000 * cpu / max(1, n), 2)}
-                    if best is None or row["images_per_s"] > best["images_per_s"]:
-                        best = row
-                results.append(best)
-                print(json.dumps(best), flush=True)
+                    runs[mode].append((n / dt, 1000 * cpu / max(1, n), n, dt))
+            for mode, rs in runs.items():
+                rates = sorted(r[0] for r in rs)
+                row = {"pipeline": kind, "mode": mode, "workers": w if mode != "dali_native" else 0,
+                       "runs": len(rs), "images": rs[0][2],
+                       "images_per_s": round(float(np.median(rates)), 1),
+                       "min_images_per_s": round(rates[0], 1), "max_images_per_s": round(rates[-1], 1),
+                       "cpu_s_per_1k_images": round(float(np.median([r[1] for r in rs])), 2)}
+                results.append(row)
+                print(json.dumps(row), flush=True)
+    if a.profile:
+        import cProfile
+        import io
+        import pstats
+        prof = cProfile.Profile()
+        prof.enable()
+        run_torchvision(a.data, "train", max(a.workers), a.batch, 0, a.device, autoproxy=True)
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+        print(buf.getvalue(), flush=True)
+        if a.out:
+            with open(os.path.splitext(a.out)[0] + ".profile.txt", "w") as f:
+                f.write(buf.getvalue())
     summary = summarize(results)
     print(summary, flush=True)
     if a.out:
@@ -204,18 +229,24 @@ def main(argv=None):
             f.write(summary + "\n")
 
 
+def _cell(x) -> str:
+    if not x:
+        return "-"
+    spread = f" ({x['min_images_per_s']:,.0f}-{x['max_images_per_s']:,.0f})" if x["runs"] > 1 else ""
+    return f"{x['images_per_s']:,.0f}{spread}"
+
+
 def summarize(results) -> str:
-    lines = ["| pipeline | workers | torchvision img/s | autoproxy img/s | DALI proxy (hand-written) img/s "
-             "| autoproxy / torchvision | autoproxy / DALI proxy | CPU s per 1k img (tv / autoproxy) |",
+    lines = ["| pipeline | workers | torchvision img/s | autoproxy img/s (min-max) | DALI proxy (hand-written) "
+             "img/s (min-max) | autoproxy / torchvision | autoproxy / DALI proxy | CPU s per 1k img (tv / autoproxy) |",
              "|---|---|---|---|---|---|---|---|"]
     by = {(r["pipeline"], r["mode"], r["workers"]): r for r in results}
     for (kind, mode, w), r in sorted(by.items()):
         if mode != "autoproxy":
             continue
         tv, dp = by.get((kind, "torchvision", w)), by.get((kind, "dali_proxy", w))
-        f = lambda x: f"{x['images_per_s']:,.0f}" if x else "-"  # noqa: E731
         ratio = lambda x: f"{r['images_per_s'] / x['images_per_s']:.2f}x" if x else "-"  # noqa: E731
-        lines.append(f"| {kind} | {w} | {f(tv)} | {f(r)} | {f(dp)} | {ratio(tv)} | {ratio(dp)} | "
+        lines.append(f"| {kind} | {w} | {_cell(tv)} | {_cell(r)} | {_cell(dp)} | {ratio(tv)} | {ratio(dp)} | "
                      f"{tv['cpu_s_per_1k_images'] if tv else '-'} / {r['cpu_s_per_1k_images']} |")
     for (kind, mode, w), r in sorted(by.items()):
         if mode == "dali_native":

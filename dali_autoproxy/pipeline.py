@@ -10,6 +10,7 @@ Everything per sample (crop boxes, sizes, flip flags) arrives through external s
 from __future__ import annotations
 
 import os
+import weakref
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -20,6 +21,20 @@ from .planning import Plan
 from .transport import ProxyGroup
 
 _TAIL_OPS = (Flip, ToFloat, Normalize, ToCHW)
+
+_live_pipelines: "weakref.WeakSet" = weakref.WeakSet()
+_kept_in_child: list = []
+
+
+def _keep_pipelines_in_child() -> None:
+    """A forked DataLoader worker inherits the parent's DALI pipelines. Were its garbage
+    collector to free one (an exception's traceback cycle can hold a whole loader), DALI
+    would tear down threads that do not exist in the child, and the worker would hang or
+    crash. A reference from here keeps them alive, untouched, until the child exits."""
+    _kept_in_child.extend(_live_pipelines)
+
+
+os.register_at_fork(after_in_child=_keep_pipelines_in_child)
 
 
 def _split_tail(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
@@ -159,6 +174,7 @@ class DaliRunner:
         with pipe:
             pipe.set_outputs(self.lowering.graph())
         pipe.build()
+        _live_pipelines.add(pipe)
         self.pipe = pipe
         self.pending = 0
 

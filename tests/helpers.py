@@ -20,9 +20,17 @@ def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, **
     try:
         torch.manual_seed(seed)
         loader = DataLoader(dataset, **loader_kw)
-        return [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in b) for b in loader]
+        return [_clone(b) for b in loader]
     finally:
         dali_autoproxy.disable()
+
+
+def _clone(b):
+    if isinstance(b, dict):
+        return {k: _clone(v) for k, v in b.items()}
+    if isinstance(b, (list, tuple)):
+        return tuple(_clone(v) for v in b)
+    return b.clone() if isinstance(b, torch.Tensor) else b
 
 
 def image_folder(root, transform):

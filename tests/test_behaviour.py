@@ -138,6 +138,18 @@ def test_fallback_no_batching(photo_root):
     _fallback_case(image_folder(photo_root, EVAL()), "batch_size=None", batch_size=None)
 
 
+class _Stream(torch.utils.data.IterableDataset):
+    def __init__(self, inner):
+        self.inner, self.transform = inner, inner.transform
+
+    def __iter__(self):
+        return (self.inner[i] for i in range(len(self.inner)))
+
+
+def test_fallback_iterable_dataset(photo_root):
+    _fallback_case(_Stream(image_folder(photo_root, EVAL())), "IterableDataset", num_workers=0)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU fallback")
 def test_fallback_without_gpu_in_auto_mode(photo_root):
     ds = image_folder(photo_root, EVAL())
@@ -260,3 +272,35 @@ def test_exif_rotation_is_not_applied(tmp_path):
     out = load_all(ds, autoproxy=True, num_workers=0, batch_size=1)
     assert ref[0][0].shape == out[0][0].shape == (1, 3, 300, 400)
     assert float((ref[0][0] - out[0][0]).abs().mean()) * 255 < 0.5
+
+
+def test_forked_worker_never_tears_down_inherited_pipelines(tmp_path):
+    """Regression: a DALI pipeline left in a reference cycle (an exception's traceback can
+    hold a loader) used to be collected inside a forked DataLoader worker, which then hung
+    (or crashed) tearing down DALI threads that exist only in the parent."""
+    script = tmp_path / "fork_gc.py"
+    script.write_text(textwrap.dedent("""
+        import gc, torch, torchvision.transforms as T
+        from dali_autoproxy.planning import build_plan
+        from dali_autoproxy.pipeline import DaliRunner
+        plan = build_plan(T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor()]), "encoded")
+        gc.disable()
+        runner = DaliRunner(plan, 8, "cpu", None)
+        cycle = [runner]
+        cycle.append(cycle)
+        del runner, cycle
+
+        class Collecting(torch.utils.data.Dataset):
+            def __len__(self):
+                return 8
+
+            def __getitem__(self, i):
+                gc.collect()  # the worker collects the garbage it inherited
+                return i
+
+        ctx = torch.multiprocessing.get_context("fork")
+        loader = torch.utils.data.DataLoader(Collecting(), batch_size=4, num_workers=2, multiprocessing_context=ctx)
+        print(sum(len(b) for b in loader))
+    """))
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.split()[-1] == "8", res.stderr[-2000:]

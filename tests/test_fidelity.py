@@ -31,6 +31,17 @@ EVAL = {
                                      v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD),
                                      v2.ToPureTensor()]),
 }
+I = T.InterpolationMode
+VARIANTS = {  # interpolations, upscaling, max_size, tensors without antialias
+    "rrc_bicubic_pil": lambda: T.Compose([T.RandomResizedCrop(224, interpolation=I.BICUBIC), T.ToTensor()]),
+    "rrc_nearest_pil": lambda: T.Compose([T.RandomResizedCrop(224, interpolation=I.NEAREST), T.ToTensor()]),
+    "nearest_exact_tensor": lambda: T.Compose([T.PILToTensor(), T.Resize(200, interpolation=I.NEAREST_EXACT),
+                                               T.CenterCrop(180)]),
+    "no_antialias_tensor": lambda: v2.Compose([v2.PILToTensor(), v2.Resize(200, antialias=False), v2.CenterCrop(180)]),
+    "upscale": lambda: T.Compose([T.Resize(600), T.CenterCrop(500), T.ToTensor()]),
+    "max_size": lambda: v2.Compose([v2.Resize(200, max_size=260), v2.CenterCrop(180), v2.ToImage(),
+                                    v2.ToDtype(torch.float32, scale=True)]),
+}
 TRAIN = {
     "v1": lambda: T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]),
     "v2": lambda: v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.ToImage(),
@@ -60,6 +71,15 @@ def test_eval_pipeline_matches_torchvision(photo_root, name):
     rep = last_report()
     assert rep["proxied"] and rep["decode_on_dali"], rep
     compare(ref, out)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_interpolations_and_sizes_match_torchvision(photo_root, name):
+    ds = image_folder(photo_root, VARIANTS[name]())
+    ref = load_all(ds, autoproxy=False, shuffle=True, seed=4)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=4)
+    assert last_report()["proxied"]
+    compare(ref, out, normalized=False)
 
 
 @pytest.mark.parametrize("name", sorted(TRAIN))
@@ -151,3 +171,31 @@ def test_grayscale_rgba_palette_cmyk_match_pil(mixed_root):
     compare(ref, out)
     rep = last_report()
     assert rep["cpu_path_samples"] == 3  # the two PNGs and the CMYK JPEG; grayscale JPEG decodes in DALI
+
+
+class OwnPILDataset(torch.utils.data.Dataset):
+    """Not an ImageFolder: opens images itself, then calls self.transform (pixels travel)."""
+
+    def __init__(self, root, transform):
+        import torchvision
+        self.samples = torchvision.datasets.ImageFolder(root).samples
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        path, label = self.samples[i]
+        with Image.open(path) as img:
+            return {"image": self.transform(img.convert("RGB")), "label": label, "path": path}
+
+
+def test_dataset_that_decodes_itself_sends_pixels(photo_root):
+    ds = OwnPILDataset(photo_root, TRAIN["v2"]())
+    ref = load_all(ds, autoproxy=False, shuffle=True, seed=9)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=9)
+    rep = last_report()
+    assert rep["proxied"] and not rep["decode_on_dali"], rep
+    assert [b["path"] for b in ref] == [b["path"] for b in out]  # dict nesting kept
+    compare([(b["image"], b["label"]) for b in ref], [(b["image"], b["label"]) for b in out])

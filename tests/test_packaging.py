@@ -12,3 +12,16 @@ def test_ci_runs_the_readme_commands():
     test_cmd = next(b.strip() for b in blocks if "pytest" in b)
     install, run_tests = test_cmd.rsplit(" && ", 1)
     assert install in ci and re.search(rf"^{re.escape(run_tests)}$", ci, re.M)
+
+
+def test_wheel_ships_the_startup_hook(tmp_path):
+    """A normal (non-editable) install gets dali_autoproxy.pth at site-packages' root."""
+    import subprocess
+    import sys
+    import zipfile
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                          "-w", str(tmp_path), ROOT], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    wheel = next(tmp_path.glob("dali_autoproxy-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "dali_autoproxy.pth" in names and "dali_autoproxy/loader.py" in names
