@@ -86,6 +86,9 @@ def decide(loader: Any, options: Options) -> Decision:
     if loader.collate_fn is not default_collate:
         return Decision(False, f"a custom collate_fn ({getattr(loader.collate_fn, '__name__', loader.collate_fn)!r}) "
                         "may look inside the images", worker_transforms=names)
+    if max_batch_size(loader) is None:
+        return Decision(False, "a batch_sampler without a batch_size attribute: the largest batch "
+                        "(DALI's batch size) is unknown", worker_transforms=names)
     sites = find_sites(dataset)
     if not sites:
         return Decision(False, "the dataset has no `transform` attribute to move", worker_transforms=names)
@@ -100,6 +103,14 @@ def decide(loader: Any, options: Options) -> Decision:
     if device is None:
         return Decision(False, why, worker_transforms=names)
     return Decision(True, None, device, plans, [])
+
+
+def max_batch_size(loader: Any) -> Optional[int]:
+    """The largest batch the loader can make: DALI pipelines are sized for it."""
+    if loader.batch_size is not None:
+        return int(loader.batch_size)
+    size = getattr(loader.batch_sampler, "batch_size", None)
+    return int(size) if isinstance(size, int) and size > 0 else None
 
 
 def _all_transform_names(dataset: Any) -> List[str]:
@@ -117,10 +128,14 @@ def install(dataset: Any, specs: List[Tuple[Path, int, str, bool, str]],
     for path, plan_id, input_kind, decode, signature in specs:
         holder = resolve(dataset, path)
         original = holder.transform
-        plan = plans[plan_id] if plans else build_plan(original, input_kind)
-        if plan.signature() != signature:
-            raise RuntimeError("dali_autoproxy: the dataset's transform changed after the DataLoader "
-                               "started iterating; create a new iterator")
+        try:
+            plan = plans[plan_id] if plans else build_plan(original, input_kind)
+        except Unsupported:
+            plan = None
+        if plan is None or plan.signature() != signature:
+            # changed since the main process planned (say, by a worker_init_fn): leave this
+            # site to torchvision; its finished tensors pass through the iterator untouched
+            continue
         node = ProxyNode(plan_id, plan, original)
         undo.append((holder, "transform", original))
         holder.transform = node
@@ -140,17 +155,17 @@ def uninstall(undo: List[Tuple[Any, str, Any]]) -> None:
 
 
 class WorkerInstaller:
-    """The worker_init_fn of a proxied loader: swap transforms in the worker's dataset copy,
-    then run the user's worker_init_fn. Picklable, for spawn and forkserver workers."""
+    """The worker_init_fn of a proxied loader: run the user's worker_init_fn, then swap the
+    transforms in the worker's dataset copy. Picklable, for spawn and forkserver workers."""
 
     def __init__(self, specs, user_init_fn):
         self.specs = specs
         self.user_init_fn = user_init_fn
 
     def __call__(self, worker_id: int) -> None:
-        install(get_worker_info().dataset, self.specs)
-        if self.user_init_fn is not None:
+        if self.user_init_fn is not None:  # first: it may expect the dataset as the user left it
             self.user_init_fn(worker_id)
+        install(get_worker_info().dataset, self.specs)
 
 
 # ----------------------------------------------------------------------------- per-loader state
@@ -264,11 +279,12 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_decision = decision
         self._self_out = output_device(decision.device, options)
         self._self_pin = bool(loader.pin_memory) and torch.cuda.is_available()
-        self._self_batch_size = loader.batch_size
+        self._self_batch_size = max_batch_size(loader)
         self._self_inflight: collections.deque = collections.deque()
         self._self_count = 0
         self._self_runners: Dict[int, Any] = {}
         self._self_main_dataset = loader.dataset if loader.num_workers == 0 else None
+        self._self_dataset = loader.dataset
         self._self_plans = {s.plan_id: s.plan for s in decision.sites}
         self._self_specs = [s.spec() for s in decision.sites]
         self._self_acquire()
@@ -337,9 +353,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
                         outputs.append(self._self_runners[group.plan_id].collect())
                     except Exception as exc:
                         self._self_recover(entry, pb, gi)
-                        files = ", ".join(str(p) for p in group.paths[:8] if p) or "pixels from the dataset"
-                        raise RuntimeError(f"dali_autoproxy: the DALI pipeline failed on batch {entry.index} "
-                                           f"(dataset indices unknown; files: {files}): {exc}") from exc
+                        outputs.append(self._self_on_cpu(group, entry.index, exc))
                 table[id(pb)] = self._self_assemble(pb, outputs)
         finally:
             rec = self._self_state.record
@@ -348,6 +362,40 @@ class ProxiedIterator(wrapt.ObjectProxy):
                 rec["samples"] += pb.size
                 rec["cpu_path_samples"] += len(pb.done_indices)
         return _replace(entry.batch, table)
+
+    def _self_on_cpu(self, group, batch_index: int, dali_error: Exception) -> List[torch.Tensor]:
+        """DALI failed on this batch: replay its samples through PIL and torchvision's
+        functional ops with the params drawn in the worker (PIL's pixels, or PIL's error)."""
+        from .cpu_path import decode_like_pil_loader, run_plan
+        plan = self._self_plans[group.plan_id]
+        out = []
+        for k, (view, path) in enumerate(zip(group.payload_views(), group.paths)):
+            try:
+                img = decode_like_pil_loader(view.tobytes()) if plan.input_kind == "encoded" else view
+                out.append(run_plan(plan, img, group.params[k].tolist()))
+            except Exception as exc:
+                msg = (f"{exc} [{self._self_describe(path)}; batch {batch_index}; "
+                       f"DALI failed on it too: {dali_error}]")
+                try:
+                    err = type(exc)(msg)
+                except Exception:
+                    err = RuntimeError(msg)
+                raise err from exc
+        logger.warning("DataLoader #%d: DALI failed on batch %d (%s); its %d samples were computed by "
+                       "PIL and torchvision instead", self._self_state.record["loader"], batch_index,
+                       str(dali_error).strip().splitlines()[-1][:200], len(out))
+        self._self_state.record["cpu_path_samples"] += len(out)
+        return out
+
+    def _self_describe(self, path: Optional[str]) -> str:
+        """'dataset index N, file F' for DatasetFolder-like datasets, else what is known."""
+        if path is None:
+            return "pixels produced by the dataset"
+        for site in find_sites(self._self_dataset):
+            for i, sample in enumerate(getattr(site.holder, "samples", ()) or ()):
+                if sample[0] == path:
+                    return f"{type(site.holder).__name__} index {i}, file {path}"
+        return f"file {path}"
 
     def _self_recover(self, failed: _InFlight, pb: ProxyBatch, group_index: int) -> None:
         """Rebuild the failed runner and resubmit what was queued behind the failed batch."""

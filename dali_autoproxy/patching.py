@@ -89,7 +89,7 @@ class Instrumentor:
         options = self.options
         if options is None:
             return wrapped(*args, **kwargs)
-        from .loader import ProxiedIterator, WorkerInstaller, decide
+        from .loader import ProxiedIterator, WorkerInstaller, decide, max_batch_size
         state = self.state_for(instance)
         try:
             decision = decide(instance, options)
@@ -98,7 +98,7 @@ class Instrumentor:
                 return wrapped(*args, **kwargs)
             # build the pipelines before any worker starts: a failure here is a clean fallback
             for site in decision.sites:
-                state.give_back({site.plan_id: state.take_runner(site, instance.batch_size, decision.device)})
+                state.give_back({site.plan_id: state.take_runner(site, max_batch_size(instance), decision.device)})
         except Exception as exc:
             from .loader import Decision, _all_transform_names
             state.update(Decision(False, f"set-up failed ({exc.__class__.__name__}: {exc})",

@@ -178,6 +178,19 @@ class DaliRunner:
         self.pipe = pipe
         self.pending = 0
 
+    def __del__(self) -> None:
+        """Free the pipeline now, and DALI's cached memory once no pipeline of ours is left."""
+        pipe, self.pipe = getattr(self, "pipe", None), None
+        if pipe is None:
+            return
+        del pipe
+        if not _live_pipelines and not _kept_in_child:
+            try:
+                from nvidia.dali.backend import ReleaseUnusedMemory
+                ReleaseUnusedMemory()
+            except Exception:  # pragma: no cover - interpreter shutdown
+                pass
+
     def rebuild(self) -> None:
         """After a failure the pipeline's queue state is unknown: start a fresh one."""
         self.pipe = None

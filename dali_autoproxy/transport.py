@@ -25,6 +25,12 @@ from .planning import Plan
 DALI_DECODABLE = {("JPEG", "RGB"), ("JPEG", "L")}  # decoded by DALI exactly as PIL's .convert("RGB")
 
 
+def has_end_marker(data: bytes) -> bool:
+    """A complete JPEG ends with EOI (FF D9), maybe followed by padding. Byte stuffing keeps
+    FF D9 out of the entropy-coded data, so its absence near the end means truncation."""
+    return data.rfind(b"\xff\xd9", max(0, len(data) - 4096)) != -1
+
+
 class EncodedImage:
     """A file's bytes, standing in for the PIL image torchvision's loader would return."""
     __slots__ = ("path", "data")
@@ -85,11 +91,11 @@ class ProxyNode:
         except Exception:
             from torchvision.datasets.folder import pil_loader
             return self._on_cpu(pil_loader(enc.path))  # raises exactly what torchvision raises
-        if (fmt, mode) in DALI_DECODABLE and width > 0 and height > 0:
+        if (fmt, mode) in DALI_DECODABLE and width > 0 and height > 0 and has_end_marker(enc.data):
             payload = np.frombuffer(enc.data, dtype=np.uint8)
             return ProxySample(self.plan_id, payload, self.plan.draw(height, width), enc.path)
-        with Image.open(io.BytesIO(enc.data)) as img:
-            return self._on_cpu(img.convert("RGB"), enc.path)
+        from torchvision.datasets.folder import pil_loader
+        return self._on_cpu(pil_loader(enc.path), enc.path)  # PIL's pixels, or PIL's exception
 
     def _on_cpu(self, img: Any, path: Optional[str] = None) -> ProxySample:
         out = self.original(img)

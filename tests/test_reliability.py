@@ -1,0 +1,373 @@
+"""Faults on either side of the queue, bad files, shutdown and resources: autoproxy must end
+each the way plain torchvision does (or more clearly), never hang, never misalign a batch.
+Real DataLoader workers and real DALI pipelines (CPU backend); the README's reliability
+table lists these tests."""
+import gc
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+from PIL import Image
+from torch.utils.data import DataLoader
+
+import dali_autoproxy
+from helpers import image_folder, last_report, load_all
+from photos import MEAN, STD, photographs, to_uint8_domain
+from test_fidelity import compare
+
+EVAL = lambda: T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])  # noqa: E731
+TRAIN = lambda: T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToTensor(),  # noqa: E731
+                           T.Normalize(MEAN, STD)])
+
+
+def outcomes(ds, *, autoproxy, seed=0, **kw):
+    """Every next() of one epoch: ("ok", x, y) or ("err", exception type, message)."""
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("num_workers", 2)
+    if autoproxy:
+        dali_autoproxy.enable(device="cpu", log_level="ERROR")
+    torch.manual_seed(seed)
+    res, it = [], iter(DataLoader(ds, **kw))
+    try:
+        while True:
+            try:
+                x, y = next(it)
+                res.append(("ok", x.clone(), y.clone()))
+            except StopIteration:
+                return res
+            except Exception as exc:
+                res.append(("err", type(exc), str(exc)))
+    finally:
+        del it
+        dali_autoproxy.disable()
+
+
+def same_outcomes(ref, out):
+    assert [r[0] for r in ref] == [o[0] for o in out], ([r[:2] for r in ref if r[0] == "err"],
+                                                         [o[:2] for o in out if o[0] == "err"])
+    for r, o in zip(ref, out):
+        if r[0] == "err":
+            assert r[1] is o[1], (r[1], o[1], o[2])
+    compare([(r[1], r[2]) for r in ref if r[0] == "ok"], [(o[1], o[2]) for o in out if o[0] == "ok"])
+
+
+# ------------------------------------------------------------------ bad files
+def _jpeg_bytes(**save):
+    buf = io.BytesIO()
+    Image.fromarray(photographs()[1][:300, :400]).save(buf, "JPEG", **save)
+    return buf.getvalue()
+
+
+def _save(img, fmt, **kw):
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+BASE = lambda: Image.fromarray(photographs()[2][:280, :360])  # noqa: E731
+BAD_FILES = {
+    "truncated_jpeg": lambda: _jpeg_bytes(quality=90)[:9000],
+    "zero_bytes": lambda: b"",
+    "text_named_jpg": lambda: b"this is not an image\n" * 10,
+    "corrupt_entropy_data": lambda: (lambda raw: raw[:raw.find(b"\xff\xda") + 20] + bytes(range(255)) * 8
+                                     + b"\xff\xd9")(_jpeg_bytes(quality=90)),
+    "png": lambda: _save(BASE(), "PNG"),
+    "gif": lambda: _save(BASE(), "GIF"),
+    "webp": lambda: _save(BASE(), "WEBP", quality=90),
+    "bmp": lambda: _save(BASE(), "BMP"),
+    "tiff": lambda: _save(BASE(), "TIFF"),
+    "png_16bit": lambda: _save(Image.fromarray((np.asarray(BASE().convert("L")).astype(np.uint16) * 257)), "PNG"),
+    "progressive_jpeg": lambda: _jpeg_bytes(quality=90, progressive=True),
+    "one_by_one_jpeg": lambda: _save(Image.new("RGB", (1, 1), (200, 30, 60)), "JPEG"),
+    "smaller_than_crop_jpeg": lambda: _save(BASE().resize((60, 40)), "JPEG", quality=92),
+}
+
+
+@pytest.fixture
+def bad_root(photo_root, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(photo_root, root)
+    return root
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+@pytest.mark.parametrize("pipeline", ["eval", "train"])
+def test_bad_file_has_torchvisions_outcome(bad_root, kind, pipeline):
+    (bad_root / "class1" / f"zz_{kind}.jpg").write_bytes(BAD_FILES[kind]())
+    ds = image_folder(str(bad_root), EVAL() if pipeline == "eval" else TRAIN())
+    ref = outcomes(ds, autoproxy=False, seed=2)
+    out = outcomes(ds, autoproxy=True, seed=2)
+    same_outcomes(ref, out)
+    if any(o[0] == "err" for o in out):
+        assert any(f"zz_{kind}.jpg" in o[2] or "Caught" in o[2] for o in out if o[0] == "err")
+
+
+def test_very_large_image(tmp_path):
+    d = tmp_path / "big" / "c0"
+    d.mkdir(parents=True)
+    photo = Image.fromarray(photographs()[0]).resize((12000, 9000), Image.BILINEAR)
+    photo.save(d / "big.jpg", quality=80)
+    ds = image_folder(str(tmp_path / "big"), EVAL())
+    same_outcomes(outcomes(ds, autoproxy=False, num_workers=1, batch_size=1),
+                  outcomes(ds, autoproxy=True, num_workers=1, batch_size=1))
+
+
+def test_dali_failure_gives_pil_pixels_and_the_loader_goes_on(photo_root, monkeypatch):
+    """A batch DALI cannot process arrives anyway, decoded by PIL and transformed by
+    torchvision's functional ops with the params the worker drew (fault injected into DALI's
+    output of one batch); later batches and epochs run on a rebuilt pipeline."""
+    from dali_autoproxy import pipeline
+    real_collect = pipeline.DaliRunner.collect
+    calls = {"n": 0}
+
+    def failing_collect(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            self.pending -= 1
+            raise RuntimeError("injected DALI failure")
+        return real_collect(self)
+    monkeypatch.setattr(pipeline.DaliRunner, "collect", failing_collect)
+    ds = image_folder(photo_root, TRAIN())
+    ref = outcomes(ds, autoproxy=False, seed=8, shuffle=True)
+    out = outcomes(ds, autoproxy=True, seed=8, shuffle=True)
+    same_outcomes(ref, out)
+    assert last_report()["cpu_path_samples"] == 4
+    same_outcomes(ref, outcomes(ds, autoproxy=True, seed=8, shuffle=True))
+
+
+# ------------------------------------------------------------------ failures in workers, time limits
+class Faulty(torch.utils.data.Dataset):
+    """An ImageFolder-like dataset whose own code fails at one index, in one of several ways."""
+
+    def __init__(self, root, how, at=9):
+        import torchvision
+        self.inner = torchvision.datasets.ImageFolder(root, transform=EVAL())
+        self.transform = self.inner.transform
+        self.how, self.at = how, at
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        if i == self.at:
+            if self.how == "raise":
+                raise ValueError(f"dataset code failed at {i}")
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.how == "slow":
+                time.sleep(4)
+        path, label = self.inner.samples[i]
+        with Image.open(path) as img:
+            return self.transform(img.convert("RGB")), label
+
+
+def test_exception_in_dataset_code(photo_root):
+    ref = outcomes(Faulty(photo_root, "raise"), autoproxy=False)
+    out = outcomes(Faulty(photo_root, "raise"), autoproxy=True)
+    same_outcomes(ref, out)
+    err = next(o for o in out if o[0] == "err")
+    assert err[1] is ValueError and "Caught ValueError in DataLoader worker process" in err[2]
+
+
+@pytest.mark.parametrize("how,expected", [("kill", "killed by signal|exited unexpectedly"), ("slow", "timed out")])
+def test_killed_worker_and_timeout_end_in_an_error_quickly(photo_root, how, expected):
+    """A worker killed with SIGKILL, or slower than ``timeout=``: a RuntimeError within seconds,
+    plain and with autoproxy. In a subprocess: torch reports a dead worker from a SIGCHLD
+    handler, which must not land inside the test runner's own process."""
+    script = textwrap.dedent(f"""
+        import re, sys, time, torch
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import dali_autoproxy
+        from test_reliability import Faulty
+        for auto in (False, True):
+            if auto:
+                dali_autoproxy.enable(device="cpu", log_level="ERROR")
+            t0 = time.time()
+            loader = torch.utils.data.DataLoader(Faulty({photo_root!r}, {how!r}), batch_size=4,
+                                                 num_workers=2, timeout=2)
+            try:
+                for _ in loader:
+                    pass
+                print("NO ERROR", auto)
+            except RuntimeError as exc:
+                ok = re.search({expected!r}, str(exc)) is not None
+                print("ERROR", auto, ok, round(time.time() - t0, 1), flush=True)
+            del loader
+            time.sleep(0.5)
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    lines = [ln.split() for ln in res.stdout.splitlines() if ln.startswith("ERROR")]
+    assert [ln[1:3] for ln in lines] == [["False", "True"], ["True", "True"]], res.stdout + res.stderr[-2000:]
+    assert all(float(ln[3]) < 30 for ln in lines)
+
+
+# ------------------------------------------------------------------ shutdown and resources
+def _tasks():
+    return len(os.listdir("/proc/self/task"))
+
+
+def _live_pipelines():
+    from dali_autoproxy.pipeline import _live_pipelines
+    gc.collect()
+    return len(_live_pipelines)
+
+
+@pytest.mark.parametrize("ending", ["break", "exception", "keyboard_interrupt", "del_mid_epoch"])
+def test_leaving_an_epoch_leaks_nothing_and_the_next_epoch_is_whole(photo_root, ending):
+    import multiprocessing
+    ds = image_folder(photo_root, TRAIN())
+    gc.collect()
+    fds0, tasks0 = len(os.listdir("/proc/self/fd")), _tasks()
+    dali_autoproxy.enable(device="cpu", log_level="ERROR")
+    loader = DataLoader(ds, batch_size=4, num_workers=2, shuffle=True)
+    try:
+        for i, (x, y) in enumerate(loader):
+            if i == 1:
+                if ending == "break":
+                    break
+                if ending == "exception":
+                    raise ValueError("training step failed")
+                if ending == "keyboard_interrupt":
+                    raise KeyboardInterrupt
+                if ending == "del_mid_epoch":
+                    break
+    except (ValueError, KeyboardInterrupt):
+        pass
+    labels = torch.cat([y for _, y in loader])  # a whole, correct epoch after leaving one
+    assert sorted(labels.tolist()) == sorted(t for _, t in ds.samples)
+    del loader, x, y
+    gc.collect()
+    assert multiprocessing.active_children() == []
+    assert _live_pipelines() == 0  # the DALI pipeline went with its loader
+    time.sleep(0.2)
+    assert len(os.listdir("/proc/self/fd")) <= fds0
+    assert _tasks() <= tasks0 + 1
+
+
+def test_interpreter_exit_with_live_loader_is_clean(photo_root, tmp_path):
+    script = tmp_path / "exit_mid_epoch.py"
+    script.write_text(
+        "import sys, torch, torchvision, torchvision.transforms as T\n"
+        "import dali_autoproxy\n"
+        "dali_autoproxy.enable(device='cpu')\n"
+        f"ds = torchvision.datasets.ImageFolder({photo_root!r}, transform=T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor()]))\n"
+        "loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)\n"
+        "it = iter(loader); next(it)\n"
+        "print('exiting', flush=True)\n")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "exiting" in res.stdout, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+
+
+def test_batches_in_flight_are_bounded(photo_root):
+    """At most workers x prefetch_factor batches wait in the DataLoader, plus the few
+    autoproxy hands to DALI ahead of the loop."""
+    from dali_autoproxy.loader import LOOKAHEAD
+    from dali_autoproxy.transport import ProxyBatch
+    ds = image_folder(photo_root, TRAIN())
+    dali_autoproxy.enable(device="cpu", log_level="ERROR")
+    loader = DataLoader(ds, batch_size=2, num_workers=2, prefetch_factor=2)
+    most = 0
+    for _ in loader:
+        time.sleep(0.05)  # a slow training step lets everything upstream fill up
+        most = max(most, sum(isinstance(o, ProxyBatch) for o in gc.get_objects()))
+    assert most <= LOOKAHEAD + 1
+
+
+# ------------------------------------------------------------------ loader options, ordering, seeds
+def _seed_worker(worker_id):
+    """A user's worker_init_fn that reaches into the dataset's transform."""
+    torch.utils.data.get_worker_info().dataset.transform.transforms[0].scale = (0.5, 1.0)
+
+
+def _replace_transform(worker_id):
+    """One that replaces it with a chain autoproxy did not plan for."""
+    torch.utils.data.get_worker_info().dataset.transform = T.Compose([T.Resize(40), T.CenterCrop(40), T.ToTensor()])
+
+
+@pytest.mark.parametrize("kw", [
+    dict(batch_sampler="random"),
+    dict(multiprocessing_context="forkserver"),
+    dict(worker_init_fn=_seed_worker, shuffle=True),
+    dict(generator="seeded", shuffle=True),
+    dict(worker_init_fn=_replace_transform),
+], ids=["batch_sampler", "forkserver", "worker_init_fn", "generator", "worker_init_fn_replaces_transform"])
+def test_loader_features_keep_torchvisions_batches(photo_root, kw):
+    ds = image_folder(photo_root, TRAIN())
+
+    def make_kw():
+        k = dict(kw)
+        if k.get("batch_sampler") == "random":
+            k["batch_sampler"] = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(ds), 3, False)
+            k["batch_size"] = 1  # the DataLoader's default, required with batch_sampler
+        if k.get("generator") == "seeded":
+            k["generator"] = torch.Generator().manual_seed(123)
+        return k
+    ref = outcomes(ds, autoproxy=False, seed=6, **make_kw())
+    out = outcomes(ds, autoproxy=True, seed=6, **make_kw())
+    assert last_report()["proxied"], last_report()
+    same_outcomes(ref, out)
+
+
+def test_same_seed_same_batches_and_epochs_differ(photo_root):
+    ds = image_folder(photo_root, TRAIN())
+    a = outcomes(ds, autoproxy=True, seed=21, shuffle=True)
+    b = outcomes(ds, autoproxy=True, seed=21, shuffle=True)
+    assert all(torch.equal(u[1], v[1]) and torch.equal(u[2], v[2]) for u, v in zip(a, b))
+    dali_autoproxy.enable(device="cpu", log_level="ERROR")
+    torch.manual_seed(21)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, shuffle=False)
+    e1, e2 = torch.cat([x for x, _ in loader]), torch.cat([x for x, _ in loader])
+    assert not torch.equal(e1, e2)  # fresh augmentation each epoch
+
+
+# ------------------------------------------------------------------ no network
+def _socket_inodes(pid):
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[8:-1])
+    return out
+
+
+def test_nothing_listens_on_a_network_port(photo_root):
+    import multiprocessing
+    ds = image_folder(photo_root, TRAIN())
+    dali_autoproxy.enable(device="cpu", log_level="ERROR")
+    loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+    next(iter(loader))
+    inodes = _socket_inodes(os.getpid())
+    for child in multiprocessing.active_children():
+        inodes |= _socket_inodes(child.pid)
+    listening = set()
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        path = f"/proc/net/{table}"
+        if os.path.exists(path):
+            for line in open(path).read().splitlines()[1:]:
+                cols = line.split()
+                if cols[3] in ("0A", "07"):  # LISTEN (tcp), unconnected (udp)
+                    listening.add(cols[9])
+    assert not inodes & listening
+    del loader
+
+
+def test_short_soak_keeps_resources_flat():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "soak.py"), "--epochs", "9",
+                          "--warmup-epochs", "3", "--images", "128", "--workers", "2", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert '"ok": true' in res.stdout
