@@ -67,3 +67,51 @@ def test_gpu_mixed_formats(mixed_root):
     root, _ = mixed_root
     _gpu_vs_torchvision(image_folder(root, EVAL["v1_pil"]()), batch_size=4)
     assert last_report()["cpu_path_samples"] == 3
+
+
+# ---------------------------------------------------------------- reliability on the GPU
+BAD_ON_GPU = ["truncated_jpeg", "zero_bytes", "png", "progressive_jpeg", "one_by_one_jpeg",
+              "smaller_than_crop_jpeg", "corrupt_entropy_data"]
+
+
+@pytest.mark.parametrize("kind", BAD_ON_GPU)
+def test_gpu_bad_file_has_torchvisions_outcome(photo_root, tmp_path, kind):
+    import shutil
+    from test_reliability import BAD_FILES, outcomes, same_outcomes
+    root = tmp_path / "data"
+    shutil.copytree(photo_root, root)
+    (root / "class1" / f"zz_{kind}.jpg").write_bytes(BAD_FILES[kind]())
+    ds = image_folder(str(root), EVAL["v1_pil"]())
+    ref = outcomes(ds, autoproxy=False, seed=2)
+    out = outcomes(ds, autoproxy=True, device="gpu", seed=2)
+    same_outcomes(ref, out, mae_max=GPU_MAE, psnr_min=GPU_PSNR)
+
+
+def test_gpu_memory_is_returned_when_the_loader_is_gone(photo_root):
+    import gc
+    import dali_autoproxy
+
+    def used_mb():
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        return (total - free) / 2**20
+
+    ds = image_folder(photo_root, TRAIN["v1"]())
+
+    def cycle():
+        dali_autoproxy.enable(device="gpu")
+        loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2)
+        peak = 0.0
+        for x, _ in loader:
+            peak = max(peak, used_mb())
+            del x
+        del loader
+        gc.collect()
+        dali_autoproxy.disable()
+        return peak
+    cycle()  # CUDA context and DALI's libraries: loaded once per process
+    base = used_mb()
+    peak = cycle()
+    after = used_mb()
+    assert peak > base  # the pipeline did hold device memory while it ran...
+    assert after - base < 64, (base, peak, after)  # ...and gave it back

@@ -29,19 +29,19 @@ TRAIN = lambda: T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.
                            T.Normalize(MEAN, STD)])
 
 
-def outcomes(ds, *, autoproxy, seed=0, **kw):
+def outcomes(ds, *, autoproxy, seed=0, device="cpu", **kw):
     """Every next() of one epoch: ("ok", x, y) or ("err", exception type, message)."""
     kw.setdefault("batch_size", 4)
     kw.setdefault("num_workers", 2)
     if autoproxy:
-        dali_autoproxy.enable(device="cpu", log_level="ERROR")
+        dali_autoproxy.enable(device=device, log_level="ERROR")
     torch.manual_seed(seed)
     res, it = [], iter(DataLoader(ds, **kw))
     try:
         while True:
             try:
                 x, y = next(it)
-                res.append(("ok", x.clone(), y.clone()))
+                res.append(("ok", x.cpu().clone(), y.clone()))
             except StopIteration:
                 return res
             except Exception as exc:
@@ -51,13 +51,14 @@ def outcomes(ds, *, autoproxy, seed=0, **kw):
         dali_autoproxy.disable()
 
 
-def same_outcomes(ref, out):
+def same_outcomes(ref, out, **tolerance):
     assert [r[0] for r in ref] == [o[0] for o in out], ([r[:2] for r in ref if r[0] == "err"],
                                                          [o[:2] for o in out if o[0] == "err"])
     for r, o in zip(ref, out):
         if r[0] == "err":
             assert r[1] is o[1], (r[1], o[1], o[2])
-    compare([(r[1], r[2]) for r in ref if r[0] == "ok"], [(o[1], o[2]) for o in out if o[0] == "ok"])
+    compare([(r[1], r[2]) for r in ref if r[0] == "ok"], [(o[1], o[2]) for o in out if o[0] == "ok"],
+            **tolerance)
 
 
 # ------------------------------------------------------------------ bad files
