@@ -285,6 +285,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_runners: Dict[int, Any] = {}
         self._self_main_dataset = loader.dataset if loader.num_workers == 0 else None
         self._self_dataset = loader.dataset
+        self._self_timeout = float(loader.timeout) if loader.timeout else None
         self._self_plans = {s.plan_id: s.plan for s in decision.sites}
         self._self_specs = [s.spec() for s in decision.sites]
         self._self_acquire()
@@ -350,7 +351,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
                 outputs = []
                 for gi, group in enumerate(pb.groups):
                     try:
-                        outputs.append(self._self_runners[group.plan_id].collect())
+                        outputs.append(self._self_runners[group.plan_id].collect(self._self_timeout))
                     except Exception as exc:
                         self._self_recover(entry, pb, gi)
                         outputs.append(self._self_on_cpu(group, entry.index, exc))

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import List, Optional, Sequence, Tuple
+import queue
+import threading
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -21,6 +23,8 @@ from .planning import Plan
 from .transport import ProxyGroup
 
 _TAIL_OPS = (Flip, ToFloat, Normalize, ToCHW)
+
+STALL_LIMIT_S = 600.0  # no output for this long (or the loader's timeout=) means DALI is stuck
 
 _live_pipelines: "weakref.WeakSet" = weakref.WeakSet()
 _kept_in_child: list = []
@@ -146,6 +150,40 @@ class Lowering:
         return fn.crop_mirror_normalize(img, output_layout=layout, **kwargs)
 
 
+class _Waiter:
+    """One daemon thread that makes the blocking DALI call, so the caller can stop waiting.
+    A daemon, so a pipeline stuck for good never holds up interpreter exit."""
+
+    def __init__(self) -> None:
+        self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
+        threading.Thread(target=self._loop, daemon=True, name="dali_autoproxy-outputs").start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, box, done = self._jobs.get()
+            if fn is None:
+                return
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:  # handed to the caller
+                box.append((False, exc))
+            done.set()
+
+    def call(self, fn, timeout: float):
+        box: list = []
+        done = threading.Event()
+        self._jobs.put((fn, box, done))
+        if not done.wait(timeout):
+            raise TimeoutError
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
+
+    def close(self) -> None:
+        self._jobs.put((None, None, None))
+
+
 def default_num_threads(device: str) -> int:
     cores = os.cpu_count() or 2
     return max(1, min(cores, 8)) if device == "cpu" else max(2, min(cores // 2, 6))
@@ -163,6 +201,7 @@ class DaliRunner:
         self.num_threads = num_threads or default_num_threads(device)
         self.prefetch = prefetch
         self.pending = 0
+        self._waiter: Optional[_Waiter] = None
         self._build()
 
     def _build(self) -> None:
@@ -181,6 +220,8 @@ class DaliRunner:
     def __del__(self) -> None:
         """Free the pipeline now, and DALI's cached memory once no pipeline of ours is left."""
         pipe, self.pipe = getattr(self, "pipe", None), None
+        if getattr(self, "_waiter", None) is not None:
+            self._waiter.close()
         if pipe is None:
             return
         del pipe
@@ -193,6 +234,9 @@ class DaliRunner:
 
     def rebuild(self) -> None:
         """After a failure the pipeline's queue state is unknown: start a fresh one."""
+        if self._waiter is not None:
+            self._waiter.close()
+            self._waiter = None
         self.pipe = None
         self._build()
 
@@ -207,10 +251,21 @@ class DaliRunner:
         pipe._run_once()
         self.pending += 1
 
-    def collect(self) -> List[torch.Tensor] or torch.Tensor:
-        """The oldest submitted batch: one batched tensor, or a list when shapes differ."""
+    def collect(self, timeout: Optional[float] = None) -> Union[torch.Tensor, List[torch.Tensor]]:
+        """The oldest submitted batch: one batched tensor, or a list when shapes differ.
+
+        DALI's outputs() has no timeout; it waits on a helper thread so that a stuck pipeline
+        ends in a RuntimeError after ``timeout`` seconds (then rebuild()) instead of a hang."""
         self.pending -= 1
-        (out,) = self.pipe.outputs()
+        if self._waiter is None:
+            self._waiter = _Waiter()
+        limit = timeout or STALL_LIMIT_S
+        try:
+            (out,) = self._waiter.call(self.pipe.outputs, limit)
+        except TimeoutError:
+            self._waiter = None  # its thread stays blocked in the abandoned pipeline
+            raise RuntimeError(f"DALI produced no output within {limit:g} s; the pipeline is "
+                               "considered stuck") from None
         if out.is_dense_tensor():
             return torch.from_dlpack(out.as_tensor())
         return [torch.from_dlpack(out[i]) for i in range(len(out))]

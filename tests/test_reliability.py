@@ -130,12 +130,12 @@ def test_dali_failure_gives_pil_pixels_and_the_loader_goes_on(photo_root, monkey
     real_collect = pipeline.DaliRunner.collect
     calls = {"n": 0}
 
-    def failing_collect(self):
+    def failing_collect(self, *args):
         calls["n"] += 1
         if calls["n"] == 3:
             self.pending -= 1
             raise RuntimeError("injected DALI failure")
-        return real_collect(self)
+        return real_collect(self, *args)
     monkeypatch.setattr(pipeline.DaliRunner, "collect", failing_collect)
     ds = image_folder(photo_root, TRAIN())
     ref = outcomes(ds, autoproxy=False, seed=8, shuffle=True)
@@ -372,3 +372,37 @@ def test_short_soak_keeps_resources_flat():
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert '"ok": true' in res.stdout
+
+
+def test_stuck_pipeline_ends_within_the_loader_timeout(photo_root, monkeypatch):
+    """DALI's outputs() never returning (a dead pipeline thread, injected): with timeout=2
+    the batch arrives through the CPU replay within seconds, and later batches run on a
+    rebuilt pipeline. Nothing blocks forever."""
+    import threading
+    from dali_autoproxy import pipeline
+    release = threading.Event()
+    real_build = pipeline.DaliRunner._build
+    state = {"builds": 0}
+
+    def build_then_maybe_hang(self):
+        real_build(self)
+        state["builds"] += 1
+        if state["builds"] == 1:  # the loader's first pipeline hangs on its second batch
+            real_outputs, calls = self.pipe.outputs, {"n": 0}
+
+            def outputs():
+                calls["n"] += 1
+                if calls["n"] == 2:
+                    release.wait(60)
+                return real_outputs()
+            self.pipe.outputs = outputs
+    monkeypatch.setattr(pipeline.DaliRunner, "_build", build_then_maybe_hang)
+    ds = image_folder(photo_root, TRAIN())
+    ref = outcomes(ds, autoproxy=False, seed=4, shuffle=True, timeout=2)
+    t0 = time.time()
+    out = outcomes(ds, autoproxy=True, seed=4, shuffle=True, timeout=2)
+    elapsed = time.time() - t0
+    release.set()
+    same_outcomes(ref, out)
+    assert elapsed < 20 and state["builds"] >= 2
+    assert last_report()["cpu_path_samples"] == 4
