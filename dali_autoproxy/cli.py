@@ -1,4 +1,4 @@
-"""The command line: ``dali-autoproxy run script.py args...`` (also ``python -m dali_autoproxy``).
+"""The command line: ``dali-autoproxy run|ab|demo`` (``run`` also as ``python -m dali_autoproxy``).
 
 The script runs in this process as ``__main__`` with its own sys.argv, after enable().
 """
@@ -26,10 +26,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     run = sub.add_parser("run", help="run a training script with autoproxy enabled")
     run.add_argument("script")
     run.add_argument("args", nargs=argparse.REMAINDER)
+    from . import ab, demo
+    ab.add_arguments(sub.add_parser("ab", help="compare a script plain (A) and with autoproxy (B)"))
+    demo.add_arguments(sub.add_parser("demo", help="A/B on a generated ImageNet-like dataset"))
     ns = parser.parse_args(argv)
     if ns.command == "run":
         run_script(ns.script, ns.args)
-    return 0
+        return 0
+    if ns.command == "ab":
+        return ab.run(ns)
+    return demo.run(ns)
 
 
 if __name__ == "__main__":  # pragma: no cover

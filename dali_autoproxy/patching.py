@@ -27,6 +27,8 @@ class Instrumentor:
         self._lock = threading.RLock()
         self.states: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
         self.records: List[dict] = []
+        self.proxy = True      # False: arm A of an A/B run, which only measures
+        self.recorder = None   # a measure.Recorder during A/B runs
 
     @property
     def active(self) -> bool:
@@ -79,15 +81,23 @@ class Instrumentor:
         result = wrapped(*args, **kwargs)
         try:
             from .loader import decide
-            if self.active:
+            if self.active and not self.proxy:
+                self.state_for(instance).record.update(reason="A/B arm A: plain torchvision, measured")
+            elif self.active:
                 self.state_for(instance).update(decide(instance, self.options), self.options)
         except Exception:  # the shim must never break the user's script
             logger.debug("planning at DataLoader creation failed", exc_info=True)
         return result
 
     def _on_get_iterator(self, wrapped, instance, args, kwargs):
+        iterator = self._iterator(wrapped, instance, args, kwargs)
+        if self.recorder is not None and self.active:
+            iterator = self.recorder.wrap(iterator, self.state_for(instance).record)
+        return iterator
+
+    def _iterator(self, wrapped, instance, args, kwargs):
         options = self.options
-        if options is None:
+        if options is None or not self.proxy:
             return wrapped(*args, **kwargs)
         from .loader import ProxiedIterator, WorkerInstaller, decide, max_batch_size
         state = self.state_for(instance)

@@ -1,0 +1,240 @@
+"""`dali-autoproxy ab`: the unchanged script, plain (A) and with autoproxy (B), side by side.
+
+Each arm runs in a fresh process (``python -m dali_autoproxy.ab --child ...``) whose
+DataLoaders are patched to measure (measure.py); arm B also proxies. The parent streams the
+arms' output, then prints one table per DataLoader.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import statistics
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections import deque
+from typing import Dict, List, Optional
+
+METRICS = [  # (key in a loader summary, label, format)
+    ("samples_per_s", "samples/s", "{:,.0f}"),
+    ("latency_p50_ms", "batch latency p50 (ms)", "{:.2f}"),
+    ("latency_p99_ms", "batch latency p99 (ms)", "{:.2f}"),
+    ("waited_fraction", "loop waited on loader (share of time)", "{:.0%}"),
+]
+ARM_METRICS = [
+    ("cpu_s_per_1k_samples", "CPU s per 1,000 samples (process tree)", "{:.2f}"),
+    ("peak_rss_main_mb", "peak RSS, main process (MB)", "{:,.0f}"),
+    ("peak_rss_worker_mb", "peak RSS, largest worker (MB)", "{:,.0f}"),
+    ("gpu_peak_mb", "peak GPU memory in use (MB)", "{:,.0f}"),
+]
+
+
+# ------------------------------------------------------------------ child (one arm)
+def child_main(argv: List[str]) -> int:
+    ap = argparse.ArgumentParser(prog="dali_autoproxy.ab --child")
+    ap.add_argument("--arm", choices=["A", "B"], required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--batches", type=int)
+    ap.add_argument("--seconds", type=float)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("script")
+    ap.add_argument("args", nargs=argparse.REMAINDER)
+    a = ap.parse_args(argv)
+    from . import enable
+    from .measure import Recorder, StopAB
+    from .patching import instrumentor
+    recorder = Recorder(a.arm, a.out, a.batches, a.seconds, a.warmup)
+    enable()
+    instrumentor.proxy = a.arm == "B"
+    instrumentor.recorder = recorder
+    sys.argv = [a.script] + a.args
+    sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
+    status, error, code = "finished", None, 0
+    try:
+        runpy.run_path(a.script, run_name="__main__")
+    except StopAB:
+        status = "stopped at the limit"
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code:
+            status, error = "failed", f"exit code {exc.code}"
+    except BaseException as exc:  # the script's own failure: reported, not hidden
+        status, error, code = "failed", "".join(traceback.format_exception(exc))[-4000:], 1
+    recorder.dump(status, error)
+    return code
+
+
+# ------------------------------------------------------------------ parent
+def _run_arm(arm: str, script: str, args: List[str], ns: argparse.Namespace, out: str) -> Dict:
+    env = dict(os.environ)
+    env.pop("DALI_AUTOPROXY", None)  # the child enables itself, per arm
+    env["DALI_AUTOPROXY_AB_TTY"] = "1" if sys.stderr.isatty() else "0"
+    cmd = [sys.executable, "-m", "dali_autoproxy.ab", "--child", "--arm", arm, "--out", out,
+           "--warmup", str(ns.warmup)]
+    if ns.batches:
+        cmd += ["--batches", str(ns.batches)]
+    if ns.seconds:
+        cmd += ["--seconds", str(ns.seconds)]
+    cmd += [script] + list(args)
+    tail: deque = deque(maxlen=40)
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    while True:
+        chunk = os.read(proc.stderr.fileno(), 4096)
+        if not chunk:
+            break
+        sys.stderr.buffer.write(chunk)
+        sys.stderr.flush()
+        tail.extend(chunk.decode(errors="replace").splitlines())
+    code = proc.wait()
+    try:
+        with open(out) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        data = {"arm": arm, "status": "failed", "loaders": [], "error": "\n".join(tail)}
+    data["exit_code"] = code
+    if code and not data.get("error"):
+        data["error"] = "\n".join(tail)
+    if code:
+        data["status"] = "failed"
+    rss = data.get("peak_rss_mb") or {}
+    data["peak_rss_main_mb"], data["peak_rss_worker_mb"] = rss.get("main"), rss.get("largest_worker")
+    return data
+
+
+def _agg(values: List[Optional[float]], fmt: str) -> str:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "-"
+    med = statistics.median(vals)
+    text = fmt.format(med)
+    if len(vals) > 1:
+        text += f" ({fmt.format(min(vals))}-{fmt.format(max(vals))})"
+    return text
+
+
+def _median(values: List[Optional[float]]) -> Optional[float]:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def format_table(runs: Dict[str, List[Dict]]) -> str:
+    """One table per DataLoader (matched by creation order), then the whole-process rows."""
+    lines: List[str] = []
+    n_loaders = max([len(r.get("loaders", [])) for arm in runs.values() for r in arm] or [0])
+    warm = (runs["A"] + runs["B"])[0].get("warmup_batches", 0) if runs["A"] + runs["B"] else 0
+    repeats = max(len(runs["A"]), len(runs["B"]))
+    lines.append(f"dali-autoproxy ab: A = plain torchvision, B = autoproxy; {repeats} run(s) per arm"
+                 f"{', median (min-max)' if repeats > 1 else ''}; the first {warm} batches of each "
+                 "loader are warm-up and not counted.")
+    for arm in ("A", "B"):
+        for k, r in enumerate(runs[arm]):
+            if r.get("status") == "failed":
+                lines.append(f"\narm {arm} (run {k + 1}) FAILED:\n{(r.get('error') or '').strip()}")
+    for i in range(n_loaders):
+        def col(arm: str, key: str) -> List[Optional[float]]:
+            return [r["loaders"][i].get(key) if len(r.get("loaders", [])) > i else None for r in runs[arm]]
+        first = next((r["loaders"][i] for arm in ("B", "A") for r in runs[arm] if len(r.get("loaders", [])) > i), {})
+        b_rows = [r["loaders"][i] for r in runs["B"] if len(r.get("loaders", [])) > i]
+        state = "proxied" if b_rows and all(x.get("proxied") for x in b_rows) else \
+            f"fell back: {b_rows[0].get('reason') if b_rows else 'not reached'}"
+        lines.append(f"\nDataLoader #{i + 1} ({first.get('dataset', '?')}), arm B {state}"
+                     + (f" on {b_rows[0].get('device')}" if b_rows and b_rows[0].get("proxied") else ""))
+        rows = [("metric", "A: torchvision", "B: autoproxy", "B/A")]
+        for key, label, fmt in METRICS:
+            a, b = col("A", key), col("B", key)
+            ma, mb = _median(a), _median(b)
+            ratio = f"{mb / ma:.2f}x" if key == "samples_per_s" and ma and mb else ""
+            rows.append((label, _agg(a, fmt), _agg(b, fmt), ratio))
+        lines += _grid(rows)
+    rows = [("whole process", "A: torchvision", "B: autoproxy", "B/A")]
+    for key, label, fmt in ARM_METRICS:
+        a, b = [r.get(key) for r in runs["A"]], [r.get(key) for r in runs["B"]]
+        ma, mb = _median(a), _median(b)
+        rows.append((label, _agg(a, fmt), _agg(b, fmt), f"{mb / ma:.2f}x" if ma and mb else ""))
+    lines.append("")
+    lines += _grid(rows)
+    return "\n".join(lines)
+
+
+def _grid(rows) -> List[str]:
+    widths = [max(len(str(r[c])) for r in rows) for c in range(len(rows[0]))]
+    out = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return out
+
+
+def plot(runs: Dict[str, List[Dict]], path: str) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.stderr.write("[dali_autoproxy ab] --plot needs matplotlib (pip install matplotlib)\n")
+        return False
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    bars = {}
+    for arm, colour in (("A", "tab:gray"), ("B", "tab:green")):
+        for k, r in enumerate(runs[arm]):
+            for lo in r.get("loaders", []):
+                tl = lo.get("timeline") or []
+                if len(tl) > 1:
+                    t = [p[0] for p in tl]
+                    cum, total = [], 0
+                    for p in tl:
+                        total += p[1]
+                        cum.append(total)
+                    rate = [c / max(x, 1e-6) for c, x in zip(cum, t)]
+                    ax1.plot(t[1:], rate[1:], color=colour, alpha=0.8,
+                             label=f"{arm} loader #{lo.get('loader')}" if k == 0 else None)
+                if lo.get("samples_per_s"):
+                    bars.setdefault((lo.get("loader"), arm), []).append(lo["samples_per_s"])
+    ax1.set_xlabel("seconds after warm-up")
+    ax1.set_ylabel("samples/s (cumulative)")
+    ax1.legend()
+    keys = sorted(bars)
+    ax2.bar(range(len(keys)), [statistics.median(bars[k]) for k in keys],
+            color=["tab:gray" if k[1] == "A" else "tab:green" for k in keys])
+    ax2.set_xticks(range(len(keys)), [f"#{k[0]} {k[1]}" for k in keys])
+    ax2.set_ylabel("samples/s (median)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--batches", type=int, help="stop each arm after this many batches (all loaders)")
+    ap.add_argument("--seconds", type=float, help="stop each arm after this much loader time")
+    ap.add_argument("--repeat", type=int, default=1, help="alternate A and B this many times")
+    ap.add_argument("--warmup", type=int, default=5, help="batches per loader not counted")
+    ap.add_argument("--json", help="keep the measurements of both arms in this file")
+    ap.add_argument("--plot", help="write a PNG (throughput over time, summary bars); needs matplotlib")
+    ap.add_argument("script")
+    ap.add_argument("args", nargs=argparse.REMAINDER)
+
+
+def run(ns: argparse.Namespace) -> int:
+    runs: Dict[str, List[Dict]] = {"A": [], "B": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(max(1, ns.repeat)):
+            for arm in ("A", "B"):
+                runs[arm].append(_run_arm(arm, ns.script, ns.args, ns, os.path.join(tmp, f"{arm}{k}.json")))
+    print(format_table(runs), flush=True)
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump(runs, f, indent=1)
+    if ns.plot and plot(runs, ns.plot):
+        print(f"plot written to {ns.plot}")
+    failed = [arm for arm in ("A", "B") for r in runs[arm] if r.get("status") == "failed"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        sys.exit(child_main(sys.argv[2:]))
+    parser = argparse.ArgumentParser(prog="dali-autoproxy ab")
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

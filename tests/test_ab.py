@@ -1,0 +1,89 @@
+"""`dali-autoproxy ab` and `dali-autoproxy demo` end to end, on DALI's CPU backend."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import sys, torch, torchvision
+    import torchvision.transforms as T
+    root, fail_in_b = sys.argv[1], sys.argv[2] == "fail-in-b"
+    tf = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor()])
+    train = torch.utils.data.DataLoader(torchvision.datasets.ImageFolder(root, transform=tf),
+                                        batch_size=4, shuffle=True, num_workers=2)
+    val = torch.utils.data.DataLoader(torchvision.datasets.ImageFolder(root, transform=T.Compose(
+        [T.Resize(64), T.CenterCrop(64), T.ToTensor()])), batch_size=4, num_workers=2)
+    for epoch in range(100):
+        for x, y in train:
+            if fail_in_b and sys.modules["dali_autoproxy"].patching.instrumentor.proxy:
+                raise ValueError("the training step broke in arm B")
+        for x, y in val:
+            pass
+    print("script finished")
+""")
+
+
+def _exe():
+    return shutil.which("dali-autoproxy", path=os.path.dirname(sys.executable)) or shutil.which("dali-autoproxy")
+
+
+def _ab(tmp_path, photo_root, *extra, mode="ok"):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, DALI_AUTOPROXY_DEVICE="cpu")
+    cmd = [_exe(), "ab", *extra, str(script), photo_root, mode]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_ab_on_an_unchanged_script(tmp_path, photo_root):
+    keep = tmp_path / "ab.json"
+    res = _ab(tmp_path, photo_root, "--batches", "30", "--warmup", "2", "--json", str(keep))
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout
+    assert "DataLoader #1 (ImageFolder), arm B proxied on cpu" in out
+    assert "DataLoader #2 (ImageFolder), arm B proxied on cpu" in out
+    assert "the first 2 batches of each loader are warm-up" in out
+    for label in ("samples/s", "batch latency p50", "batch latency p99", "loop waited on loader",
+                  "CPU s per 1,000 samples", "peak RSS, main process", "peak GPU memory"):
+        assert label in out
+    assert "script finished" not in out  # ended at the limit, cleanly
+    assert "Traceback" not in res.stderr
+    assert "[dali_autoproxy ab] arm A" in res.stderr and "[dali_autoproxy ab] arm B" in res.stderr  # progress
+    runs = json.loads(keep.read_text())
+    for arm in ("A", "B"):
+        (r,) = runs[arm]
+        assert r["status"] == "stopped at the limit" and r["exit_code"] == 0
+        assert sum(lo["batches"] for lo in r["loaders"]) == 30
+        assert all(lo["samples_per_s"] > 0 for lo in r["loaders"])
+    assert all(lo["proxied"] for lo in runs["B"][0]["loaders"])
+    assert not any(lo["proxied"] for lo in runs["A"][0]["loaders"])
+
+
+def test_ab_repeat_seconds_and_plot(tmp_path, photo_root):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "ab.png"
+    res = _ab(tmp_path, photo_root, "--seconds", "2", "--repeat", "2", "--plot", str(png))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "2 run(s) per arm, median (min-max)" in res.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ab_reports_the_failing_arm(tmp_path, photo_root):
+    res = _ab(tmp_path, photo_root, "--batches", "20", mode="fail-in-b")
+    assert res.returncode != 0
+    assert "arm B (run 1) FAILED" in res.stdout and "the training step broke in arm B" in res.stdout
+    assert "arm A (run 1) FAILED" not in res.stdout
+
+
+def test_demo_runs_on_a_machine_without_data(tmp_path):
+    res = subprocess.run([_exe(), "demo", "--images", "64", "--workers", "2", "--epochs", "1",
+                          "--cache", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "64 JPEGs" in res.stdout
+    assert ("arm B runs DALI on DALI's CPU backend" in res.stdout) or ("arm B runs DALI on the GPU" in res.stdout)
+    assert "DataLoader #1 (ImageFolder), arm B proxied" in res.stdout
+    assert "DataLoader #2 (ImageFolder), arm B proxied" in res.stdout
