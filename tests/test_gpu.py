@@ -6,6 +6,7 @@ Tolerance on the GPU, stated: MAE <= 1.5 uint8 levels and PSNR >= 36 dB per batc
 IDCT and chroma upsampling differ from libjpeg-turbo's by a level or two near edges, on
 top of the resampler differences measured on the CPU backend.
 """
+import sys
 import pytest
 import torch
 import torchvision.transforms as T
@@ -126,3 +127,17 @@ def test_gpu_memory_is_returned_when_the_loader_is_gone(photo_root):
     after = used_mb()
     assert peak > base  # the pipeline did hold device memory while it ran...
     assert after - base < 64, (base, peak, after)  # ...and gave it back
+
+
+def test_gpu_imagenet_like_script_unchanged(tmp_path, photo_root):
+    """GPU twin of test_scripts.py::test_imagenet_like_script_unchanged (device=auto)."""
+    import os
+    import shutil
+    from test_scripts import HERE, _run
+    shutil.copytree(photo_root, tmp_path / "train")
+    shutil.copytree(photo_root, tmp_path / "val")
+    cmd = [sys.executable, os.path.join(HERE, "scripts", "imagenet_like.py"), str(tmp_path), "--epochs", "2"]
+    plain = _run(cmd)
+    auto = _run(cmd, DALI_AUTOPROXY="1")
+    assert auto["report"] == [[True, None], [True, None]] and auto["device"] == "cuda"
+    assert abs(plain["train_loss"] - auto["train_loss"]) < 0.05 * plain["train_loss"]

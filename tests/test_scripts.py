@@ -1,0 +1,119 @@
+"""Scripts and dataset patterns written for plain PyTorch, run unchanged with autoproxy."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torchvision
+import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
+
+import dali_autoproxy
+from helpers import image_folder, last_report, load_all
+from test_fidelity import compare
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def train_val_root(tmp_path_factory, photo_root):
+    root = tmp_path_factory.mktemp("imagenet")
+    shutil.copytree(photo_root, root / "train")
+    shutil.copytree(photo_root, root / "val")
+    return str(root)
+
+
+def _run(cmd, **env):
+    e = dict(os.environ)
+    e.pop("DALI_AUTOPROXY", None)
+    e.update(env)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=e)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1])
+
+
+def test_imagenet_like_script_unchanged(train_val_root):
+    """Same seed, same training: plain and autoproxied losses agree within 5% (the pixels
+    differ only by resampling rounding; misaligned labels would put the loss near ln 3 = 1.1
+    against about 0.2 here), and both loaders were proxied."""
+    cmd = [sys.executable, os.path.join(HERE, "scripts", "imagenet_like.py"), train_val_root, "--epochs", "2"]
+    plain = _run(cmd)
+    auto = _run(cmd, DALI_AUTOPROXY="1", DALI_AUTOPROXY_DEVICE="cpu")
+    assert auto["report"] == [[True, None], [True, None]]
+    assert abs(plain["train_loss"] - auto["train_loss"]) < 0.05 * plain["train_loss"]
+    assert abs(plain["val_loss"] - auto["val_loss"]) < 0.05 * plain["val_loss"]
+    assert abs(plain["val_acc"] - auto["val_acc"]) <= 1 / 24 + 1e-9  # at most one of 24 flips
+
+
+@pytest.mark.skipif(not os.environ.get("PYTORCH_EXAMPLES_IMAGENET_MAIN"),
+                    reason="set PYTORCH_EXAMPLES_IMAGENET_MAIN to the path of pytorch/examples imagenet/main.py")
+def test_pytorch_imagenet_example_unchanged(train_val_root):
+    main_py = os.environ["PYTORCH_EXAMPLES_IMAGENET_MAIN"]
+    cmd = [sys.executable, main_py, train_val_root, "-a", "resnet18", "--epochs", "1", "-b", "8", "-j", "2",
+           "--print-freq", "1"]
+    e = dict(os.environ, DALI_AUTOPROXY="1", DALI_AUTOPROXY_DEVICE=os.environ.get("DALI_AUTOPROXY_DEVICE", "cpu"),
+             DALI_AUTOPROXY_LOG="INFO")
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=e)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stderr.count("proxied to DALI") == 2 and "running plain torchvision" not in res.stderr
+
+
+class TwoViews(torch.utils.data.Dataset):
+    """The two-view recipe of self-supervised learning: one transform object, called twice."""
+
+    def __init__(self, root, transform):
+        self.inner = torchvision.datasets.ImageFolder(root)
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        img, label = self.inner[i]
+        return self.transform(img), self.transform(img), label
+
+
+def test_transform_called_twice_per_sample(photo_root):
+    tf = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor()])
+    ref = load_all(TwoViews(photo_root, tf), autoproxy=False, seed=1, shuffle=True)
+    out = load_all(TwoViews(photo_root, tf), autoproxy=True, seed=1, shuffle=True)
+    assert last_report()["proxied"]
+    compare([(r[0], r[2]) for r in ref], [(o[0], o[2]) for o in out], normalized=False)
+    compare([(r[1], r[2]) for r in ref], [(o[1], o[2]) for o in out], normalized=False)
+
+
+def test_concat_of_differently_transformed_datasets(photo_root):
+    def make():
+        return torch.utils.data.ConcatDataset([
+            image_folder(photo_root, T.Compose([T.Resize((64, 64)), T.ToTensor()])),
+            image_folder(photo_root, T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor()]))])
+    ref = load_all(make(), autoproxy=False, seed=1, shuffle=True)
+    out = load_all(make(), autoproxy=True, seed=1, shuffle=True)
+    rep = last_report()
+    assert rep["proxied"] and rep["dali_transforms"].count("ToTensor") == 2  # two plans, two pipelines
+    compare(ref, out, normalized=False)
+
+
+def test_transform_set_after_the_loader_was_created(photo_root):
+    ds = torchvision.datasets.ImageFolder(photo_root)
+    dali_autoproxy.enable(device="cpu", log_level="ERROR")
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2)
+    assert not last_report()["proxied"]
+    ds.transform = T.Compose([T.Resize((64, 64)), T.ToTensor()])
+    x, _ = next(iter(loader))
+    assert x.shape == (4, 3, 64, 64) and last_report()["proxied"]
+
+
+def test_wrap_dataset_for_transforms_v2(photo_root):
+    from torchvision.datasets import wrap_dataset_for_transforms_v2
+
+    def make():
+        return wrap_dataset_for_transforms_v2(torchvision.datasets.ImageFolder(photo_root, transform=v2.Compose(
+            [v2.ToImage(), v2.RandomResizedCrop((64, 64)), v2.ToDtype(torch.float32, scale=True)])))
+    ref = load_all(make(), autoproxy=False, seed=3, shuffle=True)
+    out = load_all(make(), autoproxy=True, seed=3, shuffle=True)
+    assert last_report()["proxied"]
+    compare(ref, out, normalized=False)
