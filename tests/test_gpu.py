@@ -72,7 +72,8 @@ def test_gpu_mixed_formats(mixed_root):
 
 # ---------------------------------------------------------------- reliability on the GPU
 BAD_ON_GPU = ["truncated_jpeg", "zero_bytes", "png", "progressive_jpeg", "one_by_one_jpeg",
-              "smaller_than_crop_jpeg", "corrupt_entropy_data"]
+              "smaller_than_crop_jpeg", "corrupt_entropy_data", "header_claims_fewer_lines",
+              "header_claims_more_lines", "header_claims_zero_lines"]
 
 
 @pytest.mark.parametrize("kind", BAD_ON_GPU)

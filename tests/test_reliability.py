@@ -75,6 +75,14 @@ def _save(img, fmt, **kw):
 
 
 BASE = lambda: Image.fromarray(photographs()[2][:280, :360])  # noqa: E731
+
+
+def _sof_height(height):
+    """A JPEG whose frame header claims ``height`` lines while its data holds 300."""
+    raw = bytearray(_jpeg_bytes(quality=90))
+    i = raw.find(b"\xff\xc0")
+    raw[i + 5:i + 7] = height.to_bytes(2, "big")
+    return bytes(raw)
 BAD_FILES = {
     "truncated_jpeg": lambda: _jpeg_bytes(quality=90)[:9000],
     "zero_bytes": lambda: b"",
@@ -90,6 +98,9 @@ BAD_FILES = {
     "progressive_jpeg": lambda: _jpeg_bytes(quality=90, progressive=True),
     "one_by_one_jpeg": lambda: _save(Image.new("RGB", (1, 1), (200, 30, 60)), "JPEG"),
     "smaller_than_crop_jpeg": lambda: _save(BASE().resize((60, 40)), "JPEG", quality=92),
+    "header_claims_fewer_lines": lambda: _sof_height(200),
+    "header_claims_more_lines": lambda: _sof_height(400),
+    "header_claims_zero_lines": lambda: _sof_height(0),
 }
 
 
