@@ -1,0 +1,60 @@
+"""torch.distributed (gloo, 2 processes, DALI's CPU backend): every rank gets exactly the
+samples plain torchvision gives it, with DistributedSampler, set_epoch and uneven shards;
+enable() may come after init_process_group. The two-GPU twin is for the GPU machine."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torchvision.transforms as T
+
+
+def _rank_main(rank, world, init_file, root, out_dir, enable_after_init):
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import dali_autoproxy
+    from helpers import image_folder
+    from photos import MEAN, STD
+    if not enable_after_init:
+        dali_autoproxy.enable(device="cpu", log_level="ERROR")
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    if enable_after_init:
+        dali_autoproxy.enable(device="cpu", log_level="ERROR")
+    results = {}
+    for arm in ("plain", "autoproxy"):
+        if arm == "plain":
+            dali_autoproxy.disable()
+        else:
+            dali_autoproxy.enable(device="cpu", log_level="ERROR")
+        torch.manual_seed(100 + rank)
+        full = image_folder(root, T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor(),
+                                             T.Normalize(MEAN, STD)]))
+        ds = torch.utils.data.Subset(full, list(range(23)))  # uneven: 23 samples over 2 ranks
+        sampler = torch.utils.data.distributed.DistributedSampler(ds, shuffle=True, seed=0, drop_last=False)
+        loader = torch.utils.data.DataLoader(ds, batch_size=5, sampler=sampler, num_workers=1)
+        epochs = []
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            epochs.append([(x.clone(), y.clone()) for x, y in loader])
+        results[arm] = {"epochs": epochs, "proxied": dali_autoproxy.report()[-1]["proxied"] if arm == "autoproxy" else None}
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("enable_after_init", [False, True], ids=["enable_first", "enable_after_init"])
+def test_two_ranks_get_torchvisions_samples(photo_root, tmp_path, enable_after_init):
+    from test_fidelity import compare
+    world = 2
+    mp.spawn(_rank_main, args=(world, str(tmp_path / "rdzv"), photo_root, str(tmp_path), enable_after_init),
+             nprocs=world, join=True)
+    per_rank_labels = []
+    for rank in range(world):
+        res = torch.load(tmp_path / f"rank{rank}.pt")
+        assert res["autoproxy"]["proxied"] is True
+        for ep_plain, ep_auto in zip(res["plain"]["epochs"], res["autoproxy"]["epochs"]):
+            compare(ep_plain, ep_auto)  # same samples, same labels, same crops
+        per_rank_labels.append([torch.cat([y for _, y in ep]) for ep in res["autoproxy"]["epochs"]])
+    assert [len(per_rank_labels[r][0]) for r in range(world)] == [12, 12]  # padded to equal shards
+    assert not torch.equal(per_rank_labels[0][0], per_rank_labels[0][1])  # set_epoch reshuffles
