@@ -136,7 +136,7 @@ def install(dataset: Any, specs: List[Tuple[Path, int, str, bool, str]],
             # changed since the main process planned (say, by a worker_init_fn): leave this
             # site to torchvision; its finished tensors pass through the iterator untouched
             continue
-        node = ProxyNode(plan_id, plan, original)
+        node = ProxyNode(plan_id, plan, original, getattr(holder, "samples", None))
         undo.append((holder, "transform", original))
         holder.transform = node
         standard = getattr(holder, "transforms", None)

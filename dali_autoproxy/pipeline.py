@@ -168,6 +168,7 @@ class _Waiter:
             except BaseException as exc:  # handed to the caller
                 box.append((False, exc))
             done.set()
+            del fn, box, done  # hold nothing between calls: fn is bound to the pipeline
 
     def call(self, fn, timeout: float):
         box: list = []

@@ -68,10 +68,11 @@ class ProxySample:
 class ProxyNode:
     """The transform the worker calls in place of the dataset's recognised chain."""
 
-    def __init__(self, plan_id: int, plan: Plan, original: Any):
+    def __init__(self, plan_id: int, plan: Plan, original: Any, samples: Optional[list] = None):
         self.plan_id = plan_id
         self.plan = plan
         self.original = original
+        self.samples = samples  # the dataset's (path, label) list, to name an index in errors
 
     def __call__(self, img: Any) -> ProxySample:
         from PIL import Image
@@ -89,13 +90,25 @@ class ProxyNode:
             with Image.open(io.BytesIO(enc.data)) as header:  # parses the header, decodes nothing
                 fmt, mode, (width, height) = header.format, header.mode, header.size
         except Exception:
-            from torchvision.datasets.folder import pil_loader
-            return self._on_cpu(pil_loader(enc.path))  # raises exactly what torchvision raises
+            return self._on_cpu(self._pil_load(enc.path))  # raises what torchvision raises
         if (fmt, mode) in DALI_DECODABLE and width > 0 and height > 0 and has_end_marker(enc.data):
             payload = np.frombuffer(enc.data, dtype=np.uint8)
             return ProxySample(self.plan_id, payload, self.plan.draw(height, width), enc.path)
+        return self._on_cpu(self._pil_load(enc.path), enc.path)  # PIL's pixels, or PIL's exception
+
+    def _pil_load(self, path: str) -> Any:
+        """torchvision's pil_loader; its exception keeps its type and gains the index and file."""
         from torchvision.datasets.folder import pil_loader
-        return self._on_cpu(pil_loader(enc.path), enc.path)  # PIL's pixels, or PIL's exception
+        try:
+            return pil_loader(path)
+        except Exception as exc:
+            index = next((i for i, s in enumerate(self.samples or ()) if s[0] == path), None)
+            where = f"dataset index {index}, file {path}" if index is not None else f"file {path}"
+            try:
+                err = type(exc)(f"{exc} [{where}]")
+            except Exception:
+                raise exc
+            raise err from exc
 
     def _on_cpu(self, img: Any, path: Optional[str] = None) -> ProxySample:
         out = self.original(img)
