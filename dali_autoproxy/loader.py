@@ -206,6 +206,10 @@ class LoaderState:
             if decision.proxied:
                 logger.info("DataLoader #%d (%s): proxied to DALI on %s: %s", rec["loader"],
                             rec["dataset"], rec["device"], " -> ".join(rec["dali_transforms"]))
+                if rec["output"] != "cpu":
+                    logger.info("DataLoader #%d: batches arrive as CUDA tensors on %s; if the model runs "
+                                "on the CPU, set DALI_AUTOPROXY_OUTPUT=cpu (or enable(output='cpu'))",
+                                rec["loader"], rec["output"])
             else:
                 logger.warning("DataLoader #%d (%s): running plain torchvision: %s", rec["loader"],
                                rec["dataset"], decision.reason)
