@@ -27,18 +27,27 @@ _TAIL_OPS = (Flip, ToFloat, Normalize, ToCHW)
 STALL_LIMIT_S = 600.0  # no output for this long (or the loader's timeout=) means DALI is stuck
 
 _live_pipelines: "weakref.WeakSet" = weakref.WeakSet()
-_kept_in_child: list = []
+_live_runners: "weakref.WeakSet" = weakref.WeakSet()
+_fork_guard: list = []
 
 
-def _keep_pipelines_in_child() -> None:
-    """A forked DataLoader worker inherits the parent's DALI pipelines. Were its garbage
-    collector to free one (an exception's traceback cycle can hold a whole loader), DALI
-    would tear down threads that do not exist in the child, and the worker would hang or
-    crash. A reference from here keeps them alive, untouched, until the child exits."""
-    _kept_in_child.extend(_live_pipelines)
+def _guard_before_fork() -> None:
+    """Runs in the parent just before a fork (a DataLoader worker starting).
+
+    A forked worker inherits the parent's DALI pipelines, some perhaps unreachable garbage
+    awaiting the cycle collector (an exception's traceback can hold a whole loader). Were the
+    child's collector to free one, DALI would tear down threads that exist only in the parent
+    and the worker would hang or crash (seen: a segfault inside threading's after-fork hook,
+    before any child hook of ours could run). So the fork snapshots strong references to every
+    runner and pipeline: the child keeps them, untouched, until it exits."""
+    _fork_guard[:] = list(_live_runners) + list(_live_pipelines)
 
 
-os.register_at_fork(after_in_child=_keep_pipelines_in_child)
+def _release_guard_in_parent() -> None:
+    _fork_guard.clear()
+
+
+os.register_at_fork(before=_guard_before_fork, after_in_parent=_release_guard_in_parent)
 
 
 def _split_tail(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
@@ -203,6 +212,7 @@ class DaliRunner:
         self.prefetch = prefetch
         self.pending = 0
         self._waiter: Optional[_Waiter] = None
+        _live_runners.add(self)
         self._build()
 
     def _build(self) -> None:
@@ -226,7 +236,7 @@ class DaliRunner:
         if pipe is None:
             return
         del pipe
-        if not _live_pipelines and not _kept_in_child:
+        if not _live_pipelines and not _fork_guard:
             try:
                 from nvidia.dali.backend import ReleaseUnusedMemory
                 ReleaseUnusedMemory()
