@@ -13,7 +13,7 @@ from typing import Any, List
 import numpy as np
 import torch
 
-from .ir import Crop, Flip, Normalize, Resize, ToCHW, ToFloat
+from .ir import Crop, Flip, Normalize, PixelOp, Resize, ToCHW, ToFloat
 from .planning import Plan
 
 
@@ -21,6 +21,14 @@ def decode_like_pil_loader(data: bytes) -> Any:
     from PIL import Image
     img = Image.open(io.BytesIO(data))
     return img.convert("RGB")
+
+
+def _height(img: Any) -> int:
+    return img.size[1] if hasattr(img, "getbands") else int(img.shape[-2])
+
+
+def _width(img: Any) -> int:
+    return img.size[0] if hasattr(img, "getbands") else int(img.shape[-1])
 
 
 def run_plan(plan: Plan, img: Any, params: List[int]) -> torch.Tensor:
@@ -34,6 +42,11 @@ def run_plan(plan: Plan, img: Any, params: List[int]) -> torch.Tensor:
         is_pil = isinstance(img, Image.Image)
         if isinstance(op, Crop):
             top, left, h, w = params[op.slot:op.slot + 4]
+            if any(f != 0 for f in op.fill):  # F.crop pads with zeros: pad with the fill first
+                pad = [max(0, -left), max(0, -top), max(0, left + w - _width(img)), max(0, top + h - _height(img))]
+                fill = [int(f) for f in op.fill] if is_pil else list(op.fill)
+                img = F.pad(img, pad, fill=tuple(fill) if is_pil and len(fill) > 1 else fill[0] if len(fill) == 1 else fill)
+                top, left = top + pad[1], left + pad[0]
             img = F.crop(img, top, left, h, w)
         elif isinstance(op, Resize):
             size = list(op.size) if op.size is not None else list(params[op.slot:op.slot + 2])
@@ -42,7 +55,11 @@ def run_plan(plan: Plan, img: Any, params: List[int]) -> torch.Tensor:
             img = F.resize(img, size, interpolation=mode, antialias=op.antialias if not is_pil else True)
         elif isinstance(op, Flip):
             if params[op.slot]:
-                img = F.hflip(img)
+                img = F.vflip(img) if op.vertical else F.hflip(img)
+        elif isinstance(op, PixelOp):
+            if params[op.slot]:
+                img = {"invert": lambda: F.invert(img), "solarize": lambda: F.solarize(img, op.arg),
+                       "posterize": lambda: F.posterize(img, 8 - (255 - op.arg).bit_length())}[op.kind]()
         elif isinstance(op, ToFloat):
             t = F.pil_to_tensor(img) if is_pil else img
             img = t.float().div(255) if abs(op.scale - 1 / 255) < 1e-12 else t.float() * op.scale

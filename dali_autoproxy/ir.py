@@ -17,9 +17,11 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class Crop:
-    """Crop [top, left, height, width] from params[slot:slot+4]; outside the image is 0."""
+    """Crop [top, left, height, width] from params[slot:slot+4]; outside the image is
+    ``fill`` (per channel), which is how Pad and padded crops are expressed too."""
     slot: int
     in_bounds: bool = False  # True when the box never leaves the image (lets decode fuse it)
+    fill: Tuple[float, ...] = (0.0,)
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,18 @@ class Resize:
 
 @dataclass(frozen=True)
 class Flip:
-    """Horizontal flip when params[slot] is 1."""
+    """Horizontal (or vertical) flip when params[slot] is 1."""
     slot: int
+    vertical: bool = False
+
+
+@dataclass(frozen=True)
+class PixelOp:
+    """A per-pixel uint8 operation applied when params[slot] is 1: "invert" (255 - x),
+    "solarize" (255 - x where x >= arg) or "posterize" (x & arg, arg the bit mask)."""
+    kind: str
+    slot: int
+    arg: int = 0
 
 
 @dataclass(frozen=True)

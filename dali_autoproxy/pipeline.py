@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .ir import Crop, Flip, Normalize, Resize, ToCHW, ToFloat
+from .ir import Crop, Flip, Normalize, PixelOp, Resize, ToCHW, ToFloat
 from .planning import Plan
 from .transport import ProxyGroup
 
@@ -55,6 +55,8 @@ def _split_tail(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
     i = len(ops)
     flips = 0
     while i > 0 and isinstance(ops[i - 1], _TAIL_OPS):
+        if isinstance(ops[i - 1], Flip) and ops[i - 1].vertical:
+            break  # crop_mirror_normalize mirrors horizontally only
         if isinstance(ops[i - 1], Flip):
             if flips:
                 break
@@ -118,7 +120,7 @@ class Lowering:
         if isinstance(op, Crop):
             anchor = self._param(f"anchor{op.slot}", op.slot, 2, np.int32)
             shape = self._param(f"shape{op.slot}", op.slot + 2, 2, np.int32)
-            return fn.slice(img, anchor, shape, axis_names="HW", fill_values=0,
+            return fn.slice(img, anchor, shape, axis_names="HW", fill_values=list(op.fill),
                             out_of_bounds_policy="error" if op.in_bounds else "pad")
         if isinstance(op, Resize):
             interp = {"linear": types.INTERP_LINEAR, "cubic": types.INTERP_CUBIC,
@@ -131,7 +133,18 @@ class Lowering:
             return fn.resize(img, resize_y=height, resize_x=width, interp_type=interp,
                              antialias=op.antialias)
         if isinstance(op, Flip):
-            return fn.flip(img, horizontal=self._param(f"flip{op.slot}", op.slot, 1, np.int32))
+            flag = self._param(f"flip{op.slot}", op.slot, 1, np.int32)
+            return fn.flip(img, horizontal=0, vertical=flag) if op.vertical else fn.flip(img, horizontal=flag)
+        if isinstance(op, PixelOp):
+            flag = self._param(f"apply{op.slot}", op.slot, 1, np.int32)
+            x = fn.cast(img, dtype=types.INT32)
+            if op.kind == "invert":
+                y = x + flag * (255 - 2 * x)
+            elif op.kind == "solarize":
+                y = x + flag * (x >= op.arg) * (255 - 2 * x)
+            else:  # posterize
+                y = x + flag * ((x & op.arg) - x)
+            return fn.cast(y, dtype=types.UINT8)
         if isinstance(op, ToFloat):
             img = fn.cast(img, dtype=types.FLOAT)
             return img * op.scale if op.scale != 1.0 else img

@@ -155,3 +155,99 @@ def random_horizontal_flip(t, state: ChainState, alloc) -> Step:
         # v1: flip if torch.rand(1) < p; v2: skip if torch.rand(1) >= p. One draw, same outcome.
         g.params.append(int(bool(torch.rand(1) < p)))
     return Step(transform_name(t), [Flip(slot)], draw)
+
+
+def _padding_ltrb(padding) -> Tuple[int, int, int, int]:
+    """torchvision's padding forms: int, [all], [left/right, top/bottom], [l, t, r, b]."""
+    if isinstance(padding, int):
+        p = [padding] * 4
+    else:
+        padding = list(padding)
+        if len(padding) == 1:
+            p = padding * 4
+        elif len(padding) == 2:
+            p = [padding[0], padding[1], padding[0], padding[1]]
+        elif len(padding) == 4:
+            p = padding
+        else:
+            raise Unsupported(f"padding {padding!r} is not understood")
+    if any(int(v) != v or v < 0 for v in p):
+        raise Unsupported("negative or fractional padding is not translated")
+    return int(p[0]), int(p[1]), int(p[2]), int(p[3])
+
+
+def _constant_fill(t, state: ChainState) -> Tuple[float, ...]:
+    if getattr(t, "padding_mode", "constant") != "constant":
+        raise Unsupported(f"padding_mode={t.padding_mode!r} is not translated (constant is)")
+    fill = t.fill
+    if isinstance(fill, dict):
+        raise Unsupported("a per-type fill dict is not translated")
+    if fill is None:
+        fill = 0
+    values = [float(fill)] if isinstance(fill, (int, float)) else [float(f) for f in fill]
+    if state.dtype == "uint8" and any(v != int(v) or not 0 <= v <= 255 for v in values):
+        raise Unsupported("a fill outside 0..255 on uint8 pixels is not translated")
+    if len(values) not in (1, state.channels):
+        raise Unsupported(f"a fill of {len(values)} values for {state.channels} channels")
+    return tuple(values) if len(values) > 1 else (values[0],) * state.channels
+
+
+@register(T.Pad, v2.Pad)
+def pad(t, state: ChainState, alloc) -> Step:
+    left, top, right, bottom = _padding_ltrb(t.padding)
+    fill = _constant_fill(t, state)
+    slot = alloc(4)
+    state.fixed_size = None
+
+    def draw(g: SampleGeometry) -> None:
+        g.params += [-top, -left, g.height + top + bottom, g.width + left + right]
+        g.height, g.width = g.height + top + bottom, g.width + left + right
+    return Step(transform_name(t), [Crop(slot, in_bounds=False, fill=fill)], draw)
+
+
+@register(T.RandomCrop, v2.RandomCrop)
+def random_crop(t, state: ChainState, alloc) -> Step:
+    """Optional padding, then a random crop: one crop box relative to the unpadded image
+    (negative or past the edge where the padding is), filled with the constant."""
+    fill = _constant_fill(t, state)
+    crop_h, crop_w = _size_pair(t.size)
+    slot = alloc(4)
+    state.fixed_size = (crop_h, crop_w)
+    if isinstance(t, v2.Transform):
+        params = _make_params(t)
+
+        def draw(g: SampleGeometry) -> None:
+            p = params([g.standin()])
+            pad_l, pad_t = (p["padding"][0], p["padding"][1]) if p.get("needs_pad") else (0, 0)
+            if p.get("needs_crop", True):
+                top, left = p["top"] - pad_t, p["left"] - pad_l
+            else:
+                top, left = -pad_t, -pad_l
+            g.params += [top, left, crop_h, crop_w]
+            g.height, g.width = crop_h, crop_w
+        return Step(transform_name(t), [Crop(slot, in_bounds=False, fill=fill)], draw)
+
+    pad_l, pad_t, pad_r, pad_b = _padding_ltrb(t.padding) if t.padding is not None else (0, 0, 0, 0)
+
+    def draw_v1(g: SampleGeometry) -> None:
+        off_t, off_l = pad_t, pad_l
+        h, w = g.height + pad_t + pad_b, g.width + pad_l + pad_r
+        if t.pad_if_needed and w < crop_w:  # torchvision pads both sides by the difference
+            off_l, w = off_l + (crop_w - w), w + 2 * (crop_w - w)
+        if t.pad_if_needed and h < crop_h:
+            off_t, h = off_t + (crop_h - h), h + 2 * (crop_h - h)
+        g.height, g.width = h, w
+        i, j, _, _ = T.RandomCrop.get_params(g.standin(), (crop_h, crop_w))
+        g.params += [i - off_t, j - off_l, crop_h, crop_w]
+        g.height, g.width = crop_h, crop_w
+    return Step(transform_name(t), [Crop(slot, in_bounds=False, fill=fill)], draw_v1)
+
+
+@register(T.RandomVerticalFlip, v2.RandomVerticalFlip)
+def random_vertical_flip(t, state: ChainState, alloc) -> Step:
+    p = float(t.p)
+    slot = alloc(1)
+
+    def draw(g: SampleGeometry) -> None:
+        g.params.append(int(bool(torch.rand(1) < p)))
+    return Step(transform_name(t), [Flip(slot, vertical=True)], draw)
