@@ -1,6 +1,7 @@
 """The command line: ``dali-autoproxy run|ab|demo`` (``run`` also as ``python -m dali_autoproxy``).
 
-The script runs in this process as ``__main__`` with its own sys.argv, after enable().
+``run`` executes the script in this process as ``__main__`` with its own sys.argv, after
+enable(); ``ab`` and ``demo`` run it in fresh processes (ab.py).
 """
 from __future__ import annotations
 

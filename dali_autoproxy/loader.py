@@ -427,8 +427,6 @@ class ProxiedIterator(wrapt.ObjectProxy):
                 for i, t in zip(indices, out):
                     samples[i] = t.to(self._self_out) if self._self_out != "cpu" else t.cpu()
             result = torch.stack(samples)  # raises as default_collate would on unequal sizes
-        if isinstance(result, list):  # pragma: no cover - handled above
-            result = torch.stack(result)
         if self._self_out == "cpu":
             result = result.cpu()
             if self._self_pin:
