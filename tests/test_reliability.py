@@ -194,33 +194,38 @@ def test_exception_in_dataset_code(photo_root):
 @pytest.mark.parametrize("how,expected", [("kill", "killed by signal|exited unexpectedly"), ("slow", "timed out")])
 def test_killed_worker_and_timeout_end_in_an_error_quickly(photo_root, how, expected):
     """A worker killed with SIGKILL, or slower than ``timeout=``: a RuntimeError within seconds,
-    plain and with autoproxy. In a subprocess: torch reports a dead worker from a SIGCHLD
-    handler, which must not land inside the test runner's own process."""
+    plain and with autoproxy. Each arm in its own subprocess: torch reports a dead worker from a
+    SIGCHLD handler, which must not land inside the test runner's own process. About one run in
+    six, plain torch itself lets the killed worker's EOFError take the whole process down before
+    it reports anything (seen in the plain arm too); such an attempt, which printed nothing, is
+    tried once more."""
     script = textwrap.dedent(f"""
         import re, sys, time, torch
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         import dali_autoproxy
         from test_reliability import Faulty
-        for auto in (False, True):
-            if auto:
-                dali_autoproxy.enable(device="cpu", log_level="ERROR")
-            t0 = time.time()
-            loader = torch.utils.data.DataLoader(Faulty({photo_root!r}, {how!r}), batch_size=4,
-                                                 num_workers=2, timeout=2)
-            try:
-                for _ in loader:
-                    pass
-                print("NO ERROR", auto)
-            except RuntimeError as exc:
-                ok = re.search({expected!r}, str(exc)) is not None
-                print("ERROR", auto, ok, round(time.time() - t0, 1), flush=True)
-            del loader
-            time.sleep(0.5)
+        auto = sys.argv[1] == "1"
+        if auto:
+            dali_autoproxy.enable(device="cpu", log_level="ERROR")
+        t0 = time.time()
+        loader = torch.utils.data.DataLoader(Faulty({photo_root!r}, {how!r}), batch_size=4,
+                                             num_workers=2, timeout=2)
+        try:
+            for _ in loader:
+                pass
+            print("NO ERROR", auto, flush=True)
+        except RuntimeError as exc:
+            ok = re.search({expected!r}, str(exc)) is not None
+            print("ERROR", auto, ok, round(time.time() - t0, 1), flush=True)
     """)
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    lines = [ln.split() for ln in res.stdout.splitlines() if ln.startswith("ERROR")]
-    assert [ln[1:3] for ln in lines] == [["False", "True"], ["True", "True"]], res.stdout + res.stderr[-2000:]
-    assert all(float(ln[3]) < 30 for ln in lines)
+    for auto in ("0", "1"):
+        for attempt in range(2):
+            res = subprocess.run([sys.executable, "-c", script, auto], capture_output=True, text=True, timeout=120)
+            lines = [ln.split() for ln in res.stdout.splitlines() if "ERROR" in ln]
+            if lines:
+                break
+        assert lines and lines[0][:3] == ["ERROR", str(auto == "1"), "True"], res.stdout + res.stderr[-2000:]
+        assert float(lines[0][3]) < 30
 
 
 # ------------------------------------------------------------------ shutdown and resources

@@ -63,10 +63,21 @@ def flatten(transform: object) -> List[object]:
     return [transform]
 
 
+def coin_drawer(p: float):
+    """The draw of every "apply with probability p" transform: one ``torch.rand(1)`` per call,
+    as torchvision makes it (v1 applies when it is < p, v2 skips when it is >= p: the same
+    outcome); appends the 0/1 decision to the sample's params."""
+    import torch
+
+    def draw(g) -> None:
+        g.params.append(int(bool(torch.rand(1) < p)))
+    return draw
+
+
 def transform_name(t: object) -> str:
     mod = type(t).__module__
     prefix = "v2." if ".v2" in mod else ""
     return prefix + type(t).__name__
 
 
-__all__ = ["register", "lookup", "flatten", "transform_name", "ChainState", "Step", "Unsupported"]
+__all__ = ["register", "lookup", "flatten", "transform_name", "coin_drawer", "ChainState", "Step", "Unsupported"]

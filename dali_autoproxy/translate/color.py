@@ -1,17 +1,15 @@
 """Colour and per-pixel converters on uint8 images: invert, solarize, posterize.
 
-Each is applied with probability p, drawn as torchvision draws it (one ``torch.rand(1)``
-per call; v1 applies when it is < p, v2 skips when it is >= p: the same outcome), and
+Each is applied with probability p, drawn as torchvision draws it (``coin_drawer``), and
 computed with integer arithmetic in DALI, so the result is exact.
 """
 from __future__ import annotations
 
-import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-from ..ir import ChainState, PixelOp, SampleGeometry, Step, Unsupported
-from . import register, transform_name
+from ..ir import ChainState, PixelOp, Step, Unsupported
+from . import coin_drawer, register, transform_name
 
 
 def _uint8_only(t, state: ChainState) -> None:
@@ -21,12 +19,8 @@ def _uint8_only(t, state: ChainState) -> None:
 
 def _apply_with_p(t, state: ChainState, alloc, kind: str, arg: int = 0) -> Step:
     _uint8_only(t, state)
-    p = float(t.p)
     slot = alloc(1)
-
-    def draw(g: SampleGeometry) -> None:
-        g.params.append(int(bool(torch.rand(1) < p)))
-    return Step(transform_name(t), [PixelOp(kind, slot, arg)], draw)
+    return Step(transform_name(t), [PixelOp(kind, slot, arg)], coin_drawer(float(t.p)))
 
 
 @register(T.RandomInvert, v2.RandomInvert)

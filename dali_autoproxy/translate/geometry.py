@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
 
-import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
 from ..ir import ChainState, Crop, Flip, Resize, SampleGeometry, Step, Unsupported
-from . import register, transform_name
+from . import coin_drawer, register, transform_name
 
 
 def _as_mode(interpolation) -> InterpolationMode:
@@ -148,13 +147,8 @@ def center_crop(t, state: ChainState, alloc) -> Step:
 
 @register(T.RandomHorizontalFlip, v2.RandomHorizontalFlip)
 def random_horizontal_flip(t, state: ChainState, alloc) -> Step:
-    p = float(t.p)
     slot = alloc(1)
-
-    def draw(g: SampleGeometry) -> None:
-        # v1: flip if torch.rand(1) < p; v2: skip if torch.rand(1) >= p. One draw, same outcome.
-        g.params.append(int(bool(torch.rand(1) < p)))
-    return Step(transform_name(t), [Flip(slot)], draw)
+    return Step(transform_name(t), [Flip(slot)], coin_drawer(float(t.p)))
 
 
 def _padding_ltrb(padding) -> Tuple[int, int, int, int]:
@@ -245,9 +239,5 @@ def random_crop(t, state: ChainState, alloc) -> Step:
 
 @register(T.RandomVerticalFlip, v2.RandomVerticalFlip)
 def random_vertical_flip(t, state: ChainState, alloc) -> Step:
-    p = float(t.p)
     slot = alloc(1)
-
-    def draw(g: SampleGeometry) -> None:
-        g.params.append(int(bool(torch.rand(1) < p)))
-    return Step(transform_name(t), [Flip(slot, vertical=True)], draw)
+    return Step(transform_name(t), [Flip(slot, vertical=True)], coin_drawer(float(t.p)))
