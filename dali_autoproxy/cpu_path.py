@@ -13,7 +13,7 @@ from typing import Any, List
 import numpy as np
 import torch
 
-from .ir import Crop, Flip, Normalize, PixelOp, Resize, ToCHW, ToFloat
+from .ir import Blur, ColorJitter, Crop, Erase, Flip, Grayscale, Normalize, PixelOp, Resize, ToCHW, ToFloat
 from .planning import Plan
 
 
@@ -31,7 +31,22 @@ def _width(img: Any) -> int:
     return img.size[0] if hasattr(img, "getbands") else int(img.shape[-1])
 
 
-def run_plan(plan: Plan, img: Any, params: List[int]) -> torch.Tensor:
+def _jitter(img: Any, op: ColorJitter, row: List[float]) -> Any:
+    import torchvision.transforms.functional as F
+    adjust = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation]
+    for which in (int(v) for v in row[op.slot:op.slot + 4]):
+        if not op.enabled[which]:
+            continue
+        if which < 3:
+            img = adjust[which](img, row[op.slot + 4 + which])
+        else:  # a factor that gives the same 8-bit shift: int(factor * 255) == k
+            shift = int(row[op.slot + 7])
+            k = shift - 256 if shift > 127 else shift
+            img = F.adjust_hue(img, (k + (0.5 if k >= 0 else -0.5)) / 255)
+    return img
+
+
+def run_plan(plan: Plan, img: Any, params: List[float]) -> torch.Tensor:
     """Apply ``plan`` to a PIL image (or HWC uint8 array) with the given per-sample params."""
     import torchvision.transforms.functional as F
     from torchvision.transforms import InterpolationMode as M
@@ -41,7 +56,7 @@ def run_plan(plan: Plan, img: Any, params: List[int]) -> torch.Tensor:
     for op in plan.ops:
         is_pil = isinstance(img, Image.Image)
         if isinstance(op, Crop):
-            top, left, h, w = params[op.slot:op.slot + 4]
+            top, left, h, w = (int(v) for v in params[op.slot:op.slot + 4])
             if any(f != 0 for f in op.fill):  # F.crop pads with zeros: pad with the fill first
                 pad = [max(0, -left), max(0, -top), max(0, left + w - _width(img)), max(0, top + h - _height(img))]
                 fill = [int(f) for f in op.fill] if is_pil else list(op.fill)
@@ -49,7 +64,7 @@ def run_plan(plan: Plan, img: Any, params: List[int]) -> torch.Tensor:
                 top, left = top + pad[1], left + pad[0]
             img = F.crop(img, top, left, h, w)
         elif isinstance(op, Resize):
-            size = list(op.size) if op.size is not None else list(params[op.slot:op.slot + 2])
+            size = list(op.size) if op.size is not None else [int(v) for v in params[op.slot:op.slot + 2]]
             mode = {"linear": M.BILINEAR, "cubic": M.BICUBIC,
                     "nn": M.NEAREST if is_pil else M.NEAREST_EXACT}[op.interp]
             img = F.resize(img, size, interpolation=mode, antialias=op.antialias if not is_pil else True)
@@ -60,6 +75,19 @@ def run_plan(plan: Plan, img: Any, params: List[int]) -> torch.Tensor:
             if params[op.slot]:
                 img = {"invert": lambda: F.invert(img), "solarize": lambda: F.solarize(img, op.arg),
                        "posterize": lambda: F.posterize(img, 8 - (255 - op.arg).bit_length())}[op.kind]()
+        elif isinstance(op, ColorJitter):
+            img = _jitter(img, op, params)
+        elif isinstance(op, Grayscale):
+            if op.slot is None or params[op.slot]:
+                img = F.rgb_to_grayscale(img, op.channels)
+        elif isinstance(op, Blur):
+            sigma_y, sigma_x = params[op.slot], params[op.slot + 1]
+            img = F.gaussian_blur(img, [op.kernel[1], op.kernel[0]], [sigma_x, sigma_y])
+        elif isinstance(op, Erase):
+            top, left, h, w = (int(v) for v in params[op.slot:op.slot + 4])
+            if h and w:
+                chw = img if not is_pil else F.pil_to_tensor(img)
+                img = F.erase(chw, top, left, h, w, torch.tensor(op.value)[:, None, None])
         elif isinstance(op, ToFloat):
             t = F.pil_to_tensor(img) if is_pil else img
             img = t.float().div(255) if abs(op.scale - 1 / 255) < 1e-12 else t.float() * op.scale

@@ -3,7 +3,8 @@
 A converter turns one transform into a few of these ops; the pipeline builder lowers the
 whole list to DALI, fusing where it can (decode+crop, flip+normalize+layout). Per-sample
 values (crop boxes, sizes, flip flags) are not in the ops: they are drawn in the worker by
-the converter's ``draw`` and travel as a row of int32 ``params``; an op names its ``slot``.
+the converter's ``draw`` and travel as a row of numbers ``params`` (integers, or floats such as
+jitter factors); an op names its ``slot``.
 """
 from __future__ import annotations
 
@@ -50,6 +51,40 @@ class PixelOp:
 
 
 @dataclass(frozen=True)
+class ColorJitter:
+    """torchvision's ColorJitter on a PIL image: its four adjustments in the per-sample order
+    params[slot:slot+4] (0 brightness, 1 contrast, 2 saturation, 3 hue), with the factors
+    params[slot+4:slot+7] and the hue shift params[slot+7] (in 1/256 turns, as PIL applies it);
+    an adjustment that is not ``enabled`` is skipped, as torchvision skips a None factor."""
+    slot: int
+    enabled: Tuple[bool, bool, bool, bool]
+
+
+@dataclass(frozen=True)
+class Grayscale:
+    """PIL's luma (ITU-R 601-2 in integers) to ``channels`` channels; applied where
+    params[slot] is 1, or always when ``slot`` is None."""
+    channels: int
+    slot: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Blur:
+    """torchvision's gaussian_blur: window ``kernel`` = (height, width), reflected borders,
+    per-sample sigma params[slot] (y) and params[slot+1] (x)."""
+    kernel: Tuple[int, int]
+    slot: int
+
+
+@dataclass(frozen=True)
+class Erase:
+    """RandomErasing on the final tensor: the box params[slot:slot+4] = [top, left, height,
+    width] (height 0: nothing erased) is set to ``value`` (one per channel)."""
+    slot: int
+    value: Tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class ToFloat:
     """uint8 -> float32, multiplied by ``scale`` (1/255 for ToTensor-like conversions)."""
     scale: float
@@ -86,7 +121,7 @@ class SampleGeometry:
         self.height = height
         self.width = width
         self.channels = channels
-        self.params: List[int] = []
+        self.params: List[float] = []
 
     def standin(self):
         """A zero-cost tensor of the current size, for torchvision's own get_params code."""

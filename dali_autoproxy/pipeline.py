@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .ir import Crop, Flip, Normalize, PixelOp, Resize, ToCHW, ToFloat
+from .ir import Blur, ColorJitter, Crop, Erase, Flip, Grayscale, Normalize, PixelOp, Resize, ToCHW, ToFloat
 from .planning import Plan
 from .transport import ProxyGroup
 
@@ -85,11 +85,14 @@ class Lowering:
         self.device = device  # "gpu" or "cpu"
         self.feeds: List[Tuple[str, int, int, object]] = []  # (name, column, width, numpy dtype)
 
-    def _param(self, name: str, column: int, width: int, dtype) -> object:
+    def _param(self, name: str, column: int, width: int, dtype, operand: bool = False) -> object:
+        """A per-sample value fed from the params row; ``operand``: used in arithmetic with
+        the image, so it must sit on the image's device."""
         from nvidia.dali import fn, types
         dali_type = types.INT32 if dtype == np.int32 else types.FLOAT
         self.feeds.append((name, column, width, dtype))
-        return fn.external_source(name=name, device="cpu", dtype=dali_type)
+        node = fn.external_source(name=name, device="cpu", dtype=dali_type)
+        return node.gpu() if operand and self.device == "gpu" else node
 
     def graph(self):
         from nvidia.dali import fn, types
@@ -110,10 +113,16 @@ class Lowering:
         else:
             img = data.gpu() if self.device == "gpu" else data
 
+        erases: List[object] = []
+        while ops and isinstance(ops[-1], Erase):  # erasing after the tail, on the CHW tensor
+            erases.insert(0, ops.pop())
         body, tail = _split_tail(ops)
         for op in body:
             img = self._lower(op, img)
-        return self._lower_tail(tail, img)
+        img = self._lower_tail(tail, img)
+        for op in erases:
+            img = self._lower(op, img)
+        return img
 
     def _lower(self, op: object, img):
         from nvidia.dali import fn, types
@@ -145,6 +154,24 @@ class Lowering:
             else:  # posterize
                 y = x + flag * ((x & op.arg) - x)
             return fn.cast(y, dtype=types.UINT8)
+        if isinstance(op, ColorJitter):
+            from . import dali_color
+            order = [self._param(f"order{op.slot}_{k}", op.slot + k, 1, np.float32, True) for k in range(4)]
+            factors = [self._param(f"factor{op.slot}_{k}", op.slot + 4 + k, 1, np.float32, True)
+                       if op.enabled[k] else None for k in range(3)]  # an unused source is an error
+            shift = self._param(f"shift{op.slot}", op.slot + 7, 1, np.float32, True) if op.enabled[3] else None
+            return dali_color.color_jitter(img, order, factors, shift, op.enabled)
+        if isinstance(op, Grayscale):
+            from . import dali_color
+            apply = None if op.slot is None else self._param(f"gray{op.slot}", op.slot, 1, np.float32, True)
+            return dali_color.grayscale(img, op.channels, apply)
+        if isinstance(op, Blur):
+            sigma = self._param(f"sigma{op.slot}", op.slot, 2, np.float32)
+            return fn.gaussian_blur(img, window_size=list(op.kernel), sigma=sigma)
+        if isinstance(op, Erase):
+            anchor = self._param(f"erase_at{op.slot}", op.slot, 2, np.float32)
+            shape = self._param(f"erase_hw{op.slot}", op.slot + 2, 2, np.float32)
+            return fn.erase(img, anchor=anchor, shape=shape, axis_names="HW", fill_value=list(op.value))
         if isinstance(op, ToFloat):
             img = fn.cast(img, dtype=types.FLOAT)
             return img * op.scale if op.scale != 1.0 else img

@@ -53,7 +53,7 @@ class ProxySample:
     __slots__ = ("plan_id", "payload", "params", "path", "done")
 
     def __init__(self, plan_id: int, payload: Optional[np.ndarray] = None,
-                 params: Optional[List[int]] = None, path: Optional[str] = None,
+                 params: Optional[List[float]] = None, path: Optional[str] = None,
                  done: Optional[torch.Tensor] = None):
         self.plan_id = plan_id
         self.payload = payload
@@ -129,7 +129,7 @@ class ProxyGroup:
         self.payload = payload      # uint8, all samples' bytes back to back (shared memory)
         self.offsets = offsets      # int64 [n + 1]
         self.shapes = shapes        # int64 [n, 3] for raw pixels, None for encoded files
-        self.params = params        # int32 [n, n_params]
+        self.params = params        # float64 [n, n_params] (whole numbers are exact)
         self.paths = paths
 
     def payload_views(self) -> List[np.ndarray]:
@@ -180,7 +180,7 @@ def _pack(plan_id: int, indices: List[int], samples: List[ProxySample]) -> Proxy
     shapes = None
     if payloads and payloads[0].ndim == 3:
         shapes = np.array([p.shape for p in payloads], dtype=np.int64)
-    params = np.array([s.params for s in samples], dtype=np.int32).reshape(len(samples), -1)
+    params = np.array([s.params for s in samples], dtype=np.float64).reshape(len(samples), -1)
     return ProxyGroup(plan_id, indices, buf, offsets, shapes, params, [s.path for s in samples])
 
 

@@ -43,7 +43,7 @@ def _load_converters() -> None:
     """Import the converter modules (they import torchvision) on first use."""
     global _loaded
     if not _loaded:
-        from . import color, geometry, tensor  # noqa: F401  (registration side effects)
+        from . import color, filters, geometry, tensor  # noqa: F401  (registration side effects)
         _loaded = True
 
 
@@ -74,10 +74,16 @@ def coin_drawer(p: float):
     return draw
 
 
+def v2_params(t: object) -> Callable:
+    """A v2 transform's parameter method (``make_params`` since torchvision 0.21, ``_get_params``
+    before); called with ``[standin]`` it makes the very RNG calls v2's forward makes."""
+    return getattr(t, "make_params", None) or getattr(t, "_get_params")
+
+
 def transform_name(t: object) -> str:
     mod = type(t).__module__
     prefix = "v2." if ".v2" in mod else ""
     return prefix + type(t).__name__
 
 
-__all__ = ["register", "lookup", "flatten", "transform_name", "coin_drawer", "ChainState", "Step", "Unsupported"]
+__all__ = ["register", "lookup", "flatten", "transform_name", "coin_drawer", "v2_params", "ChainState", "Step", "Unsupported"]

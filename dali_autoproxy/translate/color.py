@@ -1,15 +1,16 @@
-"""Colour and per-pixel converters on uint8 images: invert, solarize, posterize.
+"""Colour converters: jitter, grayscale, invert, solarize, posterize.
 
-Each is applied with probability p, drawn as torchvision draws it (``coin_drawer``), and
-computed with integer arithmetic in DALI, so the result is exact.
+Random decisions and factors are drawn as torchvision draws them (``coin_drawer``, its own
+``get_params``/``make_params``); the pixels are computed in DALI with Pillow's arithmetic
+(``dali_color``), so on RGB PIL images the results match torchvision's exactly.
 """
 from __future__ import annotations
 
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-from ..ir import ChainState, PixelOp, Step, Unsupported
-from . import coin_drawer, register, transform_name
+from ..ir import ChainState, ColorJitter as ColorJitterOp, Grayscale as GrayscaleOp, PixelOp, Step, Unsupported
+from . import coin_drawer, register, transform_name, v2_params
 
 
 def _uint8_only(t, state: ChainState) -> None:
@@ -41,3 +42,62 @@ def random_posterize(t, state: ChainState, alloc) -> Step:
     if not 0 <= bits <= 8:
         raise Unsupported(f"posterize with bits={bits}")
     return _apply_with_p(t, state, alloc, "posterize", (0xFF << (8 - bits)) & 0xFF)
+
+
+def _pil_rgb_only(t, state: ChainState) -> None:
+    if state.kind != "pil" or state.channels != 3:
+        raise Unsupported(f"{transform_name(t)} on tensors or 1-channel images is not translated "
+                          "(on RGB PIL images it is, with Pillow's arithmetic)")
+
+
+@register(T.ColorJitter, v2.ColorJitter)
+def color_jitter(t, state: ChainState, alloc) -> Step:
+    """Factors and the order permutation come from torchvision's own draw; the hue factor
+    becomes the 8-bit shift Pillow adds (``np.int32(hue * 255)`` wrapped to uint8)."""
+    _pil_rgb_only(t, state)
+    ranges = (t.brightness, t.contrast, t.saturation, t.hue)
+    enabled = tuple(r is not None for r in ranges)
+    slot = alloc(8)
+    if isinstance(t, v2.Transform):
+        params = v2_params(t)
+
+        def drawn(g):
+            p = params([g.standin()])
+            return (p["fn_idx"], p["brightness_factor"], p["contrast_factor"],
+                    p["saturation_factor"], p["hue_factor"])
+    else:
+        def drawn(g):
+            return T.ColorJitter.get_params(*ranges)
+
+    def draw(g) -> None:
+        order, b, c, s, h = drawn(g)
+        g.params += [int(i) for i in order]
+        g.params += [1.0 if b is None else float(b), 1.0 if c is None else float(c),
+                     1.0 if s is None else float(s), 0 if h is None else int(h * 255) % 256]
+    if not any(enabled):
+        return Step(transform_name(t), [], drawn)  # torchvision still draws the permutation
+    return Step(transform_name(t), [ColorJitterOp(slot, enabled)], draw)
+
+
+def _to_gray(t, state: ChainState, channels: int, slot=None) -> Step:
+    _pil_rgb_only(t, state)
+    if channels not in (1, 3):
+        raise Unsupported(f"num_output_channels={channels}; torchvision would raise")
+    state.channels = channels
+
+    def draw_channels(g) -> None:
+        g.channels = channels
+    return Step(transform_name(t), [GrayscaleOp(channels, slot)], None if slot is not None else draw_channels)
+
+
+@register(T.Grayscale, v2.Grayscale)
+def grayscale(t, state: ChainState, alloc) -> Step:
+    return _to_gray(t, state, int(t.num_output_channels))
+
+
+@register(T.RandomGrayscale, v2.RandomGrayscale)
+def random_grayscale(t, state: ChainState, alloc) -> Step:
+    """Keeps the input's channel count, as torchvision does."""
+    step = _to_gray(t, state, state.channels, alloc(1))
+    step.draw = coin_drawer(float(t.p))
+    return step

@@ -14,7 +14,7 @@ import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
 from ..ir import ChainState, Crop, Flip, Resize, SampleGeometry, Step, Unsupported
-from . import coin_drawer, register, transform_name
+from . import coin_drawer, register, transform_name, v2_params
 
 
 def _as_mode(interpolation) -> InterpolationMode:
@@ -73,10 +73,6 @@ def resized_output_size(height: int, width: int, size, max_size: Optional[int]) 
     return (new_long, new_short) if width <= height else (new_short, new_long)
 
 
-def _make_params(t):
-    """v2's parameter method (make_params since torchvision 0.21, _get_params before)."""
-    return getattr(t, "make_params", None) or getattr(t, "_get_params")
-
 
 @register(T.RandomResizedCrop, v2.RandomResizedCrop)
 def random_resized_crop(t, state: ChainState, alloc) -> Step:
@@ -84,7 +80,7 @@ def random_resized_crop(t, state: ChainState, alloc) -> Step:
     out_h, out_w = _size_pair(t.size)
     slot = alloc(4)
     if isinstance(t, v2.Transform):
-        params = _make_params(t)
+        params = v2_params(t)
 
         def draw(g: SampleGeometry) -> None:
             p = params([g.standin()])
@@ -208,7 +204,7 @@ def random_crop(t, state: ChainState, alloc) -> Step:
     slot = alloc(4)
     state.fixed_size = (crop_h, crop_w)
     if isinstance(t, v2.Transform):
-        params = _make_params(t)
+        params = v2_params(t)
 
         def draw(g: SampleGeometry) -> None:
             p = params([g.standin()])

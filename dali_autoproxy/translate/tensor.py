@@ -10,8 +10,8 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-from ..ir import ChainState, Normalize, Step, ToCHW, ToFloat, Unsupported
-from . import register, transform_name
+from ..ir import ChainState, Erase, Normalize, Step, ToCHW, ToFloat, Unsupported
+from . import register, transform_name, v2_params
 
 _FLOATS = (torch.float32,)
 
@@ -94,3 +94,39 @@ def normalize(t, state: ChainState, alloc) -> Step:
 @register(v2.ToPureTensor)
 def to_pure_tensor(t, state: ChainState, alloc) -> Step:
     return Step(transform_name(t), [])
+
+
+@register(T.RandomErasing, v2.RandomErasing)
+def random_erasing(t, state: ChainState, alloc) -> Step:
+    """The box is drawn by torchvision's get_params/make_params on a stand-in of the tensor's
+    shape; a draw that finds no box (after its ten tries) erases nothing, as torchvision."""
+    if state.kind != "tensor" or state.dtype != "float32":
+        raise Unsupported(f"{transform_name(t)} is translated on float tensors only")
+    if t.value is None or isinstance(t.value, str):
+        raise Unsupported(f"{transform_name(t)}(value='random') fills with torch's normal noise, "
+                          "which DALI cannot reproduce")
+    value = [float(t.value)] if isinstance(t.value, (int, float)) else [float(v) for v in t.value]
+    if len(value) not in (1, state.channels):
+        raise Unsupported(f"{transform_name(t)} with {len(value)} values for {state.channels} channels; "
+                          "torchvision would raise")
+    fill = tuple(value * state.channels if len(value) == 1 else value)
+    slot = alloc(4)
+    p = float(t.p)
+    if isinstance(t, v2.Transform):
+        params = v2_params(t)
+
+        def box(g):
+            q = params([g.standin()])
+            return (q["i"], q["j"], q["h"], q["w"]) if q["v"] is not None else None
+    else:
+        scale, ratio = t.scale, t.ratio
+
+        def box(g):
+            standin = g.standin()
+            i, j, h, w, v = T.RandomErasing.get_params(standin, scale, ratio, value)
+            return None if v is standin else (i, j, h, w)  # no box found: the image itself
+
+    def draw(g) -> None:
+        found = box(g) if torch.rand(1) < p else None
+        g.params += list(found) if found is not None else [0, 0, 0, 0]
+    return Step(transform_name(t), [Erase(slot, fill)], draw)
