@@ -98,7 +98,7 @@ def decide(loader: Any, options: Options) -> Decision:
             plan = build_plan(site.holder.transform, "encoded" if site.decode else "raw")
         except Unsupported as exc:
             return Decision(False, f"transform: {exc}", worker_transforms=names)
-        plans.append(SitePlan(site.path, plan_id, plan, site.decode))
+        plans.append(SitePlan(site.path, plan_id, plan, site.decode and plan.input_kind == "encoded"))
     device, why = resolve_device(options)
     if device is None:
         return Decision(False, why, worker_transforms=names)
@@ -181,7 +181,7 @@ class LoaderState:
             "batch_size": loader.batch_size, "num_workers": loader.num_workers,
             "proxied": False, "reason": "not iterated yet", "decode_on_dali": False,
             "worker_transforms": [], "dali_transforms": [], "device": "torchvision",
-            "output": "cpu", "batches": 0, "samples": 0, "cpu_path_samples": 0,
+            "output": "cpu", "batches": 0, "samples": 0, "cpu_path_samples": 0, "partial": None,
         }
         self.idle_runners: Dict[int, list] = collections.defaultdict(list)
         self.lock = threading.Lock()
@@ -196,16 +196,22 @@ class LoaderState:
             rec["decode_on_dali"] = any(s.decode for s in decision.sites)
             rec["dali_transforms"] = (["decode"] if rec["decode_on_dali"] else []) + \
                 [n for s in decision.sites for n in s.plan.names]
-            rec["worker_transforms"] = []
+            rec["worker_transforms"] = [n for s in decision.sites for n in s.plan.worker_names]
+            splits = [f"{' -> '.join(s.plan.worker_names)} | {' -> '.join(s.plan.names)} ({s.plan.split_reason})"
+                      for s in decision.sites if s.plan.worker_prefix]
+            rec["partial"] = "; ".join(splits) or None
         else:
             rec["device"], rec["output"], rec["decode_on_dali"] = "torchvision", "cpu", False
             rec["dali_transforms"], rec["worker_transforms"] = [], decision.worker_transforms
+            rec["partial"] = None
         key = (decision.proxied, decision.reason)
         if key != self._logged:
             self._logged = key
             if decision.proxied:
                 logger.info("DataLoader #%d (%s): proxied to DALI on %s: %s", rec["loader"],
                             rec["dataset"], rec["device"], " -> ".join(rec["dali_transforms"]))
+                if rec["partial"]:
+                    logger.info("DataLoader #%d: partial offload, worker | DALI: %s", rec["loader"], rec["partial"])
                 if rec["output"] != "cpu":
                     logger.info("DataLoader #%d: batches arrive as CUDA tensors on %s; if the model runs "
                                 "on the CPU, set DALI_AUTOPROXY_OUTPUT=cpu (or enable(output='cpu'))",

@@ -7,7 +7,7 @@ transform; nothing unpicklable has to travel to spawned workers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from .ir import ChainState, Op, SampleGeometry, Step, ToCHW, Unsupported
 from .translate import flatten, lookup, transform_name
@@ -30,6 +30,9 @@ class Plan:
     n_params: int
     input_kind: str  # "encoded" (file bytes, decoded by DALI) or "raw" (HWC uint8 pixels)
     names: List[str] = field(default_factory=list)
+    worker_prefix: int = 0  # leading (flattened) transforms the worker runs itself
+    worker_names: List[str] = field(default_factory=list)
+    split_reason: Optional[str] = None  # why those stay in the worker
 
     @property
     def ops(self) -> List[Op]:
@@ -37,7 +40,7 @@ class Plan:
 
     def signature(self) -> str:
         """Compares the plans made in the main process and in a worker."""
-        return f"{self.input_kind}|{self.ops!r}"
+        return f"{self.input_kind}|{self.worker_prefix}|{self.ops!r}"
 
     def draw(self, height: int, width: int) -> List[int]:
         g = SampleGeometry(height, width)
@@ -83,8 +86,7 @@ def find_sites(dataset: Any, path: Path = ()) -> List[Site]:
     return []
 
 
-def build_plan(transform: Any, input_kind: str) -> Plan:
-    """Translate a transform chain; raise Unsupported with the first reason it cannot."""
+def _translate(transforms: List[Any], input_kind: str) -> Plan:
     state = ChainState()
     counter = [0]
 
@@ -93,13 +95,34 @@ def build_plan(transform: Any, input_kind: str) -> Plan:
         counter[0] += n
         return start
 
-    steps: List[Step] = []
-    for t in flatten(transform):
-        steps.append(lookup(t)(t, state, alloc))
+    steps = [lookup(t)(t, state, alloc) for t in transforms]
     if not steps:
         raise Unsupported("the transform chain is empty")
     if state.kind != "tensor":
         raise Unsupported("the chain ends in a PIL image, which default_collate cannot batch")
     if not any(isinstance(op, ToCHW) for s in steps for op in s.ops):  # pragma: no cover
         raise Unsupported("the chain never converts to a tensor")
-    return Plan(steps, state, counter[0], input_kind, [transform_name(t) for t in flatten(transform)])
+    return Plan(steps, state, counter[0], input_kind, [transform_name(t) for t in transforms])
+
+
+def build_plan(transform: Any, input_kind: str) -> Plan:
+    """Translate a transform chain; where a step cannot be translated, offload the longest
+    tail that can (partial offload: the worker runs the rest, and decodes); raise
+    Unsupported with the first reason when no tail worth moving remains."""
+    flat = flatten(transform)
+    try:
+        return _translate(flat, input_kind)
+    except Unsupported as exc:
+        first_reason = exc
+    for split in range(1, len(flat)):
+        try:
+            plan = _translate(flat[split:], "raw")  # the worker hands over its PIL image's pixels
+        except Unsupported:
+            continue
+        if not any(not isinstance(op, ToCHW) for op in plan.ops):
+            break  # only the layout change is left: nothing worth moving
+        plan.worker_prefix = split
+        plan.worker_names = [transform_name(t) for t in flat[:split]]
+        plan.split_reason = str(first_reason)
+        return plan
+    raise first_reason

@@ -8,7 +8,7 @@ from typing import IO, List, Optional
 from .patching import instrumentor
 
 COLUMNS = ("loader", "dataset", "proxied", "device", "decode_on_dali", "dali_transforms",
-           "worker_transforms", "batches", "samples", "cpu_path_samples", "reason")
+           "worker_transforms", "partial", "batches", "samples", "cpu_path_samples", "reason")
 
 
 def report() -> List[dict]:

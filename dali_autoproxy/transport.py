@@ -69,15 +69,21 @@ class ProxyNode:
     """The transform the worker calls in place of the dataset's recognised chain."""
 
     def __init__(self, plan_id: int, plan: Plan, original: Any, samples: Optional[list] = None):
+        from .translate import flatten
         self.plan_id = plan_id
         self.plan = plan
         self.original = original
         self.samples = samples  # the dataset's (path, label) list, to name an index in errors
+        flat = flatten(original) if plan.worker_prefix else []
+        self.prefix = flat[:plan.worker_prefix]  # partial offload: these run here
+        self.rest = flat[plan.worker_prefix:]
 
     def __call__(self, img: Any) -> ProxySample:
         from PIL import Image
         if isinstance(img, EncodedImage):
             return self._encoded(img)
+        for t in self.prefix:
+            img = t(img)
         if (isinstance(img, Image.Image) and self.plan.input_kind == "raw" and img.mode == "RGB"):
             pixels = np.asarray(img)
             height, width = pixels.shape[:2]
@@ -111,7 +117,13 @@ class ProxyNode:
             raise err from exc
 
     def _on_cpu(self, img: Any, path: Optional[str] = None) -> ProxySample:
-        out = self.original(img)
+        """The rest of the original chain (all of it, or what follows a worker prefix)."""
+        if self.prefix:
+            out = img
+            for t in self.rest:
+                out = t(out)
+        else:
+            out = self.original(img)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"dali_autoproxy: the original transform returned {type(out).__name__}, "
                             "expected a tensor")

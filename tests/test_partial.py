@@ -1,0 +1,75 @@
+"""Partial offload: a chain with a step DALI cannot run keeps the shortest prefix holding it
+in the worker (which then decodes too) and moves the rest to DALI."""
+import pytest
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
+from PIL import ImageFilter
+
+from dali_autoproxy.ir import Unsupported
+from dali_autoproxy.planning import build_plan
+from helpers import image_folder, last_report, load_all
+from photos import MEAN, STD
+
+
+class Detail:
+    """A user's PIL-only transform."""
+
+    def __call__(self, img):
+        return img.filter(ImageFilter.DETAIL)
+
+
+def test_user_pil_step_splits_the_chain(photo_root):
+    tf = T.Compose([T.RandomResizedCrop(160), Detail(), T.RandomHorizontalFlip(),
+                    T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.ToTensor(), T.Normalize(MEAN, STD)])
+    ds = image_folder(photo_root, tf)
+    ref = load_all(ds, autoproxy=False, shuffle=True, seed=21)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=21)
+    rep = last_report()
+    assert rep["proxied"] and not rep["decode_on_dali"], rep
+    assert rep["worker_transforms"] == ["RandomResizedCrop", "Detail"]
+    assert rep["dali_transforms"] == ["RandomHorizontalFlip", "ColorJitter", "ToTensor", "Normalize"]
+    assert "Detail has no DALI translation" in rep["partial"]
+    for (a, la), (b, lb) in zip(ref, out):
+        assert torch.equal(la, lb)
+        assert (a - b).abs().max() < 1e-5  # flip, jitter (same draws), normalise: exact
+
+
+def test_lambda_in_a_v2_chain(photo_root):
+    tf = v2.Compose([v2.RandomResizedCrop(128), v2.Lambda(lambda im: im.rotate(90)), v2.ToImage(),
+                     v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+    ds = image_folder(photo_root, tf)
+    ref = load_all(ds, autoproxy=False, shuffle=True, seed=2)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=2)
+    rep = last_report()
+    assert rep["proxied"] and rep["worker_transforms"] == ["v2.RandomResizedCrop", "v2.Lambda"], rep
+    for (a, _), (b, _) in zip(ref, out):
+        assert (a - b).abs().max() < 1e-5
+
+
+def test_prefix_that_does_not_end_in_an_rgb_image_finishes_on_the_cpu(photo_root):
+    """The split is planned for RGB PIL output; a sample that is something else (here: an
+    "L" image) runs the rest of the chain with torchvision, per sample."""
+    tf2 = T.Compose([T.CenterCrop(150), T.Lambda(lambda im: im.convert("L")), T.ToTensor(), T.Normalize([0.5], [0.5])])
+    ds2 = image_folder(photo_root, tf2)
+    ref2 = load_all(ds2, autoproxy=False)
+    out2 = load_all(ds2, autoproxy=True)
+    assert last_report()["proxied"] and last_report()["cpu_path_samples"] == len(ds2)
+    for (a, _), (b, _) in zip(ref2, out2):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("tf,why", [
+    (T.Compose([T.ToTensor(), T.Lambda(lambda x: x * 2), T.Normalize(MEAN, STD)]), "Lambda has no DALI"),
+    (T.Compose([T.CenterCrop(10), T.ToTensor(), T.Lambda(lambda x: x)]), "Lambda has no DALI"),
+    (T.Compose([T.CenterCrop(10), Detail(), T.PILToTensor()]), "Detail has no DALI"),  # only the layout left
+])
+def test_nothing_worth_moving_falls_back_with_the_first_reason(tf, why):
+    with pytest.raises(Unsupported, match=why):
+        build_plan(tf, "encoded")
+
+
+def test_split_plan_is_raw_and_names_its_prefix():
+    plan = build_plan(T.Compose([Detail(), T.Resize(64), T.ToTensor()]), "encoded")
+    assert plan.input_kind == "raw" and plan.worker_prefix == 1 and plan.worker_names == ["Detail"]
+    assert plan.names == ["Resize", "ToTensor"]
