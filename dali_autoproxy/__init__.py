@@ -7,7 +7,7 @@ nor DALI; enable() patches torch's DataLoader when torch is (or gets) imported.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 from .config import configure_logging, resolve_options
 from .patching import instrumentor

@@ -134,7 +134,10 @@ Drawer = Callable[[SampleGeometry], None]
 
 @dataclass
 class Step:
-    """One transform, translated: its name, its ops and its per-sample drawer."""
+    """One transform, translated: its name, its ops and its per-sample drawer. ``neutral``:
+    the params row that makes its ops leave the image unchanged, where one exists (what lets
+    RandomApply skip it per sample)."""
     name: str
     ops: List[Op] = field(default_factory=list)
     draw: Optional[Drawer] = None
+    neutral: Optional[List[float]] = None

@@ -22,7 +22,7 @@ from torch.utils.data import get_worker_info
 
 from .config import Options, logger
 from .ir import Unsupported
-from .planning import Path, Plan, Site, build_plan, find_sites, resolve
+from .planning import Path, Plan, build_plan, find_sites, resolve
 from .translate import flatten, transform_name
 from .transport import EncodedFileLoader, ProxyBatch, ProxyNode
 

@@ -105,6 +105,18 @@ def _translate(transforms: List[Any], input_kind: str) -> Plan:
     return Plan(steps, state, counter[0], input_kind, [transform_name(t) for t in transforms])
 
 
+def _ends_as_pil(prefix: List[Any]) -> bool:
+    """Whether the worker's part, as far as it is known, still holds a PIL image at its end
+    (untranslatable steps are assumed to keep the type; the worker checks each sample)."""
+    state = ChainState()
+    for t in prefix:
+        try:
+            lookup(t)(t, state, lambda n: 0)
+        except Unsupported:
+            pass
+    return state.kind == "pil"
+
+
 def build_plan(transform: Any, input_kind: str) -> Plan:
     """Translate a transform chain; where a step cannot be translated, offload the longest
     tail that can (partial offload: the worker runs the rest, and decodes); raise
@@ -115,6 +127,8 @@ def build_plan(transform: Any, input_kind: str) -> Plan:
     except Unsupported as exc:
         first_reason = exc
     for split in range(1, len(flat)):
+        if not _ends_as_pil(flat[:split]):
+            continue  # the worker's part would hand over a tensor, not an image's pixels
         try:
             plan = _translate(flat[split:], "raw")  # the worker hands over its PIL image's pixels
         except Unsupported:

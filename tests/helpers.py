@@ -39,3 +39,15 @@ def image_folder(root, transform):
 
 def last_report() -> dict:
     return dali_autoproxy.report()[-1]
+
+
+def why_not(tf) -> str:
+    """The reason a chain is not (wholly) offloaded: a fallback's, or a partial split's."""
+    from dali_autoproxy.ir import Unsupported
+    from dali_autoproxy.planning import build_plan
+    try:
+        plan = build_plan(tf, "encoded")
+    except Unsupported as exc:
+        return str(exc)
+    assert plan.split_reason, "fully offloaded"
+    return plan.split_reason

@@ -119,7 +119,8 @@ def _fallback_case(ds, reason_part, **kw):
 
 
 def test_fallback_untranslated_transform(photo_root):
-    tf = T.Compose([T.RandomRotation(10), T.Resize(64), T.CenterCrop(64), T.ToTensor()])
+    """Untranslatable last step: nothing is left for DALI after it."""
+    tf = T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor(), T.RandomRotation(10)])
     _fallback_case(image_folder(photo_root, tf), "RandomRotation has no DALI translation", shuffle=True)
 
 
@@ -223,7 +224,6 @@ def test_report_rows_and_table(photo_root, capsys):
 
 def test_exif_rotation_is_not_applied(tmp_path):
     """PIL's loader ignores EXIF orientation; so must DALI's decoder."""
-    import numpy as np
     from PIL import Image
     from photos import photographs
     d = tmp_path / "exif" / "c0"

@@ -5,9 +5,10 @@ import torchvision.transforms as T
 import torchvision.transforms.functional as F
 import torchvision.transforms.v2 as v2
 
-from dali_autoproxy.ir import Crop, Flip, Normalize, Resize, ToCHW, ToFloat, Unsupported
+from dali_autoproxy.ir import Crop, Flip, Normalize, Resize, ToCHW, ToFloat
 from dali_autoproxy.planning import build_plan
 from dali_autoproxy.translate.geometry import center_crop_box, resized_output_size
+from helpers import why_not
 
 
 @pytest.mark.parametrize("hw", [(300, 400), (401, 299), (256, 256), (100, 1000)])
@@ -68,7 +69,7 @@ def test_ops_of_the_imagenet_train_chain():
 
 
 @pytest.mark.parametrize("tf,reason", [
-    (T.Compose([T.Lambda(lambda x: x), T.ToTensor()]), "Lambda has no DALI translation"),
+    (T.Compose([T.Lambda(lambda x: x), T.ToTensor()]), "Lambda runs user code"),
     (T.Compose([T.Resize(10)]), "ends in a PIL image"),
     (T.Compose([T.Normalize([0.5], [0.5])]), "needs a float tensor"),
     (T.Compose([T.ToTensor(), T.ToTensor()]), "expects a PIL image"),
@@ -77,5 +78,4 @@ def test_ops_of_the_imagenet_train_chain():
     (v2.Compose([v2.ToImage(), v2.ToDtype({torch.Tensor: torch.float32})]), "dict"),
 ])
 def test_unsupported_chains_say_why(tf, reason):
-    with pytest.raises(Unsupported, match=reason):
-        build_plan(tf, "encoded")
+    assert reason in why_not(tf)

@@ -21,7 +21,7 @@ def _uint8_only(t, state: ChainState) -> None:
 def _apply_with_p(t, state: ChainState, alloc, kind: str, arg: int = 0) -> Step:
     _uint8_only(t, state)
     slot = alloc(1)
-    return Step(transform_name(t), [PixelOp(kind, slot, arg)], coin_drawer(float(t.p)))
+    return Step(transform_name(t), [PixelOp(kind, slot, arg)], coin_drawer(float(t.p)), neutral=[0])
 
 
 @register(T.RandomInvert, v2.RandomInvert)
@@ -75,8 +75,9 @@ def color_jitter(t, state: ChainState, alloc) -> Step:
         g.params += [1.0 if b is None else float(b), 1.0 if c is None else float(c),
                      1.0 if s is None else float(s), 0 if h is None else int(h * 255) % 256]
     if not any(enabled):
-        return Step(transform_name(t), [], drawn)  # torchvision still draws the permutation
-    return Step(transform_name(t), [ColorJitterOp(slot, enabled)], draw)
+        return Step(transform_name(t), [], drawn, neutral=[])  # torchvision still draws the permutation
+    # position index 4 matches no adjustment: the image passes through unchanged
+    return Step(transform_name(t), [ColorJitterOp(slot, enabled)], draw, neutral=[4, 4, 4, 4, 1.0, 1.0, 1.0, 0])
 
 
 def _to_gray(t, state: ChainState, channels: int, slot=None) -> Step:
@@ -99,5 +100,5 @@ def grayscale(t, state: ChainState, alloc) -> Step:
 def random_grayscale(t, state: ChainState, alloc) -> Step:
     """Keeps the input's channel count, as torchvision does."""
     step = _to_gray(t, state, state.channels, alloc(1))
-    step.draw = coin_drawer(float(t.p))
+    step.draw, step.neutral = coin_drawer(float(t.p)), [0]
     return step

@@ -31,4 +31,5 @@ def gaussian_blur(t, state: ChainState, alloc) -> Step:
         def draw(g) -> None:
             sigma = T.GaussianBlur.get_params(low, high)
             g.params += [sigma, sigma]
-    return Step(transform_name(t), [Blur((kernel_y, kernel_x), slot)], draw)
+    # a sigma this small makes every weight but the centre's underflow to 0: the identity
+    return Step(transform_name(t), [Blur((kernel_y, kernel_x), slot)], draw, neutral=[1e-3, 1e-3])

@@ -144,7 +144,7 @@ def center_crop(t, state: ChainState, alloc) -> Step:
 @register(T.RandomHorizontalFlip, v2.RandomHorizontalFlip)
 def random_horizontal_flip(t, state: ChainState, alloc) -> Step:
     slot = alloc(1)
-    return Step(transform_name(t), [Flip(slot)], coin_drawer(float(t.p)))
+    return Step(transform_name(t), [Flip(slot)], coin_drawer(float(t.p)), neutral=[0])
 
 
 def _padding_ltrb(padding) -> Tuple[int, int, int, int]:
@@ -236,4 +236,4 @@ def random_crop(t, state: ChainState, alloc) -> Step:
 @register(T.RandomVerticalFlip, v2.RandomVerticalFlip)
 def random_vertical_flip(t, state: ChainState, alloc) -> Step:
     slot = alloc(1)
-    return Step(transform_name(t), [Flip(slot, vertical=True)], coin_drawer(float(t.p)))
+    return Step(transform_name(t), [Flip(slot, vertical=True)], coin_drawer(float(t.p)), neutral=[0])

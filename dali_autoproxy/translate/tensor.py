@@ -93,7 +93,7 @@ def normalize(t, state: ChainState, alloc) -> Step:
 
 @register(v2.ToPureTensor)
 def to_pure_tensor(t, state: ChainState, alloc) -> Step:
-    return Step(transform_name(t), [])
+    return Step(transform_name(t), [], neutral=[])
 
 
 @register(T.RandomErasing, v2.RandomErasing)
@@ -129,4 +129,4 @@ def random_erasing(t, state: ChainState, alloc) -> Step:
     def draw(g) -> None:
         found = box(g) if torch.rand(1) < p else None
         g.params += list(found) if found is not None else [0, 0, 0, 0]
-    return Step(transform_name(t), [Erase(slot, fill)], draw)
+    return Step(transform_name(t), [Erase(slot, fill)], draw, neutral=[0, 0, 0, 0])
