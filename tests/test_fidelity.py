@@ -46,6 +46,16 @@ TRAIN = {
     "v1": lambda: T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]),
     "v2": lambda: v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.ToImage(),
                               v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]),
+    # the representative heavy chain
+    "heavy_v1": lambda: T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
+                                   T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.2),
+                                   T.GaussianBlur(9, (0.1, 2.0)), T.ToTensor(), T.Normalize(MEAN, STD),
+                                   T.RandomErasing()]),
+    "heavy_v2": lambda: v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(),
+                                    v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+                                    v2.RandomGrayscale(0.2), v2.GaussianBlur(9, (0.1, 2.0)), v2.ToImage(),
+                                    v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD),
+                                    v2.RandomErasing()]),
 }
 
 

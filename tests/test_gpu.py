@@ -9,12 +9,10 @@ top of the resampler differences measured on the CPU backend.
 import sys
 import pytest
 import torch
-import torchvision.transforms as T
-import torchvision.transforms.v2 as v2
 import torchvision
 
 from helpers import image_folder, last_report, load_all
-from photos import MEAN, STD
+
 from test_fidelity import EVAL, TRAIN, compare
 
 pytestmark = pytest.mark.gpu

@@ -20,8 +20,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import dali_autoproxy
-from helpers import image_folder, last_report, load_all
-from photos import MEAN, STD, photographs, to_uint8_domain
+from helpers import image_folder, last_report
+from photos import MEAN, STD, photographs
 from test_fidelity import compare
 
 EVAL = lambda: T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])  # noqa: E731

@@ -1,0 +1,79 @@
+"""Every catalogued transform (tests/catalogue.py), v1 and v2, through real DataLoader workers
+and real DALI pipelines, against plain torchvision with the same seed. Here on DALI's CPU
+backend; test_gpu.py runs the same cases on the GPU."""
+import numpy as np
+import pytest
+import torch
+
+from catalogue import CASES, where_it_runs
+from helpers import image_folder, last_report, load_all
+from photos import psnr
+
+PARAMS = [pytest.param(c, api, id=f"{c.name}-{api}") for c in CASES for api in c.apis]
+
+
+def measure(case, api, root, device="cpu"):
+    """(status, reason, max abs error, mean abs error, PSNR) of autoproxy against torchvision;
+    errors in uint8 levels, or in float units for float output."""
+    ds = image_folder(root, case.chain(api))
+    kw = dict(seed=17, shuffle=True, batch_size=case.batch)
+    ref = load_all(ds, autoproxy=False, **kw)
+    out = load_all(ds, autoproxy=True, device=device, **kw)
+    rep = last_report()
+    status = "DALI" if rep["proxied"] and not rep["partial"] else "partial" if rep["proxied"] else "fallback"
+    diffs, a_all, b_all = [], [], []
+    for (a, la), (b, lb) in zip(ref, out):
+        assert torch.equal(la, lb.cpu()), "labels differ"
+        assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+        a, b = a.double(), b.cpu().double()
+        diffs.append((a - b).abs().flatten())
+        a_all.append(a.flatten())
+        b_all.append(b.flatten())
+    d = torch.cat(diffs)
+    a_np, b_np = torch.cat(a_all).numpy(), torch.cat(b_all).numpy()
+    scale = 255.0 if ref[0][0].dtype == torch.uint8 else 1.0
+    return dict(status=status, reason=rep["partial"] or rep["reason"], max=float(d.max()), mean=float(d.mean()),
+                psnr=psnr(a_np * (255.0 / scale), b_np * (255.0 / scale)) if scale == 255.0 else None,
+                uint8=scale == 255.0)
+
+
+def check(case, m: dict, exact_float=1e-5, mae=0.5, psnr_min=40.0):
+    if case.expect == "exact":
+        assert m["status"] == "DALI", m
+        assert m["max"] <= (0 if m["uint8"] else exact_float), m
+    elif case.expect == "bound":
+        assert m["status"] == "DALI", m
+        if m["uint8"]:
+            assert m["mean"] <= mae and m["psnr"] >= psnr_min, m
+        else:
+            assert m["mean"] * 255 <= mae, m
+    else:  # the worker runs it: torchvision's own code, DALI at most converts afterwards
+        assert m["status"] in ("partial", "fallback") and m["reason"], m
+        assert m["max"] <= (0 if m["uint8"] else exact_float), m
+
+
+@pytest.mark.parametrize("case,api", PARAMS)
+def test_transform_against_torchvision(photo_root, case, api):
+    check(case, measure(case, api, photo_root))
+
+
+@pytest.mark.parametrize("case,api", PARAMS)
+def test_planner_agrees_with_expectation(case, api):
+    status, reason = where_it_runs(case, api)
+    if case.expect == "worker":
+        assert status != "DALI" and reason
+    else:
+        assert status == "DALI", reason
+
+
+def test_catalogue_covers_every_module_level_image_transform():
+    """A transform added to torchvision (or forgotten here) shows up as a failure."""
+    import torchvision.transforms as T
+    names = {c.name.split(" ")[0].split("(")[0] for c in CASES}
+    skip = {"Compose", "ToTensor", "PILToTensor", "ToPILImage", "ConvertImageDtype", "Normalize", "Resize",
+            "LinearTransformation", "RandomApply", "RandomTransforms", "InterpolationMode", "AutoAugmentPolicy",
+            "RandomErasing", "ElasticTransform"}
+    classes = [n for n in dir(T) if n[0].isupper() and isinstance(getattr(T, n), type)]
+    missing = [n for n in classes if n not in names and n not in skip]
+    assert not missing, missing
+    assert np.all([c.expect in ("exact", "bound", "worker") for c in CASES])
