@@ -1,12 +1,21 @@
 """Images/s of one unchanged ImageFolder loader, plain and with autoproxy, beside the
 hand-written references, measured side by side in one run.
 
+Pipelines: train (RandomResizedCrop, flip, ToTensor, Normalize), eval (Resize, CenterCrop, ...),
+heavy (train + ColorJitter(0.4, 0.4, 0.4, 0.1), RandomGrayscale(0.2), GaussianBlur(9), RandomErasing),
+trivialaugment (train + TrivialAugmentWide: autoproxy offloads it partially), decode (CenterCrop +
+PILToTensor: decoding is nearly all the work).
+
 Modes (each on the same corpus, batch size, workers and transforms):
-  torchvision  plain DataLoader, PIL decode + torchvision transforms in the workers
-  autoproxy    the same loader object code after dali_autoproxy.enable()
-  dali_proxy   a hand-written DALI proxy pipeline (nvidia.dali.plugin.pytorch.experimental.proxy),
-               workers read file bytes, DALI decodes (ROI decode for train) on the device
-  dali_native  fn.readers.file + the same DALI ops, no DataLoader (upper bound)
+  torchvision      plain DataLoader, PIL decode + torchvision transforms in the workers
+  autoproxy        the same loader object code after dali_autoproxy.enable()
+  dali_proxy       a hand-written DALI proxy pipeline (nvidia.dali.plugin.pytorch.experimental.proxy),
+                   workers read file bytes, DALI decodes (ROI decode for train) on the device; DALI's
+                   own operators (color_twist, auto_aug) for the heavy and trivialaugment pipelines
+  dali_native      fn.readers.file + the same DALI ops, no DataLoader (upper bound)
+  decode_jpeg_gpu  what an expert writes by hand without DALI: workers read bytes, the main process
+                   decodes the batch with torchvision.io.decode_jpeg(device="cuda") and runs the v2
+                   transforms on the GPU tensors
 
 Every batch is moved to the GPU (when there is one) as a training loop would; the first
 --warmup batches of each run are not timed. CPU time is the process tree's (main, DALI
@@ -35,11 +44,27 @@ MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
 
 
-def tv_transform(kind: str):
+PIPELINES = ("train", "eval", "heavy", "trivialaugment", "decode")
+
+
+def tv_transform(kind: str, m=None):
+    """The pipeline's torchvision chain (``m``: torchvision.transforms, or v2 for tensors)."""
+    import torch
     import torchvision.transforms as T
-    if kind == "train":
-        return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
-    return T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
+    m = m or T
+    tensor = m is not T
+    to_float = [m.ToDtype(torch.float32, scale=True)] if tensor else [T.ToTensor()]
+    crop_flip = [m.RandomResizedCrop(224), m.RandomHorizontalFlip()]
+    tail = to_float + [m.Normalize(MEAN, STD)]
+    chains = {
+        "train": crop_flip + tail,
+        "eval": [m.Resize(256), m.CenterCrop(224)] + tail,
+        "heavy": crop_flip + [m.ColorJitter(0.4, 0.4, 0.4, 0.1), m.RandomGrayscale(0.2),
+                              m.GaussianBlur(9, (0.1, 2.0))] + tail + [m.RandomErasing()],
+        "trivialaugment": crop_flip + [m.TrivialAugmentWide()] + tail,
+        "decode": [m.CenterCrop(224)] + ([] if tensor else [T.PILToTensor()]),
+    }
+    return m.Compose(chains[kind])
 
 
 def cpu_seconds() -> float:
@@ -72,7 +97,7 @@ def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=F
         dali_autoproxy.enable(device=dali_device, log_level="WARNING")
     try:
         ds = torchvision.datasets.ImageFolder(root, transform=tv_transform(kind))
-        loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=kind == "train",
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=kind != "eval",
                                              num_workers=workers, pin_memory=torch.cuda.is_available(),
                                              drop_last=False)
         n, dt = consume(loader, "cuda" if torch.cuda.is_available() else "cpu", warmup)
@@ -87,8 +112,36 @@ def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=F
 
 
 def _dali_ops(jpegs, kind, dali_device):
+    """The hand-written DALI equivalent of each pipeline, as DALI's documentation writes it."""
     from nvidia.dali import fn, types
     decode_device = "mixed" if dali_device == "gpu" else "cpu"
+    if kind == "decode":
+        images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB)
+        return fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW", crop=(224, 224))
+    if kind in ("heavy", "trivialaugment"):
+        images = fn.decoders.image_random_crop(jpegs, device=decode_device, output_type=types.RGB,
+                                               random_aspect_ratio=[0.75, 4.0 / 3.0], random_area=[0.08, 1.0])
+        images = fn.resize(images, size=[224, 224], interp_type=types.INTERP_LINEAR, antialias=True)
+        images = fn.flip(images, horizontal=fn.random.coin_flip(probability=0.5))
+        erase = None
+        if kind == "trivialaugment":
+            from nvidia.dali.auto_aug import trivial_augment
+            images = trivial_augment.trivial_augment_wide(images)
+        else:
+            gray = fn.random.coin_flip(probability=0.2)
+            images = fn.color_twist(images, brightness=fn.random.uniform(range=[0.6, 1.4]),
+                                    contrast=fn.random.uniform(range=[0.6, 1.4]),
+                                    saturation=fn.random.uniform(range=[0.6, 1.4]) * (1 - gray),
+                                    hue=fn.random.uniform(range=[-36.0, 36.0]))
+            images = fn.gaussian_blur(images, window_size=9, sigma=fn.random.uniform(range=[0.1, 2.0]))
+            erase = fn.random.coin_flip(probability=0.5)
+        out = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                       mean=[m * 255 for m in MEAN], std=[s * 255 for s in STD])
+        if erase is not None:
+            side = fn.random.uniform(range=[0.14, 0.58], shape=2) * erase
+            out = fn.erase(out, anchor=fn.random.uniform(range=[0.0, 0.42], shape=2), shape=side,
+                           normalized_anchor=True, normalized_shape=True, axis_names="HW", fill_value=0.0)
+        return out
     if kind == "train":
         images = fn.decoders.image_random_crop(jpegs, device=decode_device, output_type=types.RGB,
                                                random_aspect_ratio=[0.75, 4.0 / 3.0], random_area=[0.08, 1.0])
@@ -113,7 +166,7 @@ def run_dali_proxy(root, kind, workers, batch, warmup, dali_device, threads):
     from nvidia.dali import fn, pipeline_def
     from nvidia.dali.plugin.pytorch.experimental import proxy as dali_proxy
 
-    @pipeline_def
+    @pipeline_def(enable_conditionals=kind == "trivialaugment")
     def pipe():
         return _dali_ops(fn.external_source(name="images", no_copy=True), kind, dali_device)
 
@@ -122,7 +175,7 @@ def run_dali_proxy(root, kind, workers, batch, warmup, dali_device, threads):
     with dali_proxy.DALIServer(p) as server:
         ds = torchvision.datasets.ImageFolder(root, transform=server.proxy, loader=_read_bytes)
         loader = dali_proxy.DataLoader(server, ds, batch_size=batch, num_workers=workers,
-                                       shuffle=kind == "train", drop_last=False)
+                                       shuffle=kind != "eval", drop_last=False)
         n, dt = consume(loader, "cuda" if dali_device == "gpu" else "cpu", warmup)
         del loader
     gc.collect()
@@ -133,9 +186,9 @@ def run_dali_native(root, kind, workers, batch, warmup, dali_device, threads):
     from nvidia.dali import fn, pipeline_def
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-    @pipeline_def
+    @pipeline_def(enable_conditionals=kind == "trivialaugment")
     def pipe():
-        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=kind == "train", name="reader")
+        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=kind != "eval", name="reader")
         return _dali_ops(jpegs, kind, dali_device), labels
 
     p = pipe(batch_size=batch, num_threads=threads, device_id=0 if dali_device == "gpu" else None)
@@ -146,14 +199,52 @@ def run_dali_native(root, kind, workers, batch, warmup, dali_device, threads):
     return n, dt
 
 
+def _bytes_and_labels(batch):
+    return [b[0] for b in batch], torch.tensor([b[1] for b in batch])
+
+
+def run_decode_jpeg_gpu(root, kind, workers, batch, warmup, dali_device, threads):
+    """torchvision.io.decode_jpeg on the GPU, batched, then the v2 transforms per image there."""
+    import torchvision
+    import torchvision.transforms.v2 as v2
+    if not torch.cuda.is_available():
+        raise RuntimeError("decode_jpeg_gpu needs a CUDA GPU")
+    tf = tv_transform(kind, v2)
+    ds = torchvision.datasets.ImageFolder(root, loader=_read_bytes)
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=kind != "eval", num_workers=workers,
+                                         collate_fn=_bytes_and_labels)
+
+    def batches():
+        for datas, y in loader:
+            imgs = torchvision.io.decode_jpeg([torch.from_numpy(d) for d in datas], device="cuda",
+                                              mode=torchvision.io.ImageReadMode.RGB)
+            yield torch.stack([tf(img) for img in imgs]), y
+    n, dt = consume(batches(), "cuda", warmup)
+    gc.collect()
+    return n, dt
+
+
+def gpu_memory_mb() -> float:
+    """This process's GPU memory (NVML via torch), 0 without a GPU."""
+    if not torch.cuda.is_available():
+        return 0.0
+    import re
+    try:
+        m = re.search(rf"process\s+{os.getpid()}\s+uses\s+([0-9.]+)\s*MB", torch.cuda.list_gpu_processes())
+        return float(m.group(1)) if m else 0.0
+    except Exception:
+        return 0.0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "data", "corpus"))
     ap.add_argument("--images", type=int, default=8192)
     ap.add_argument("--workers", type=int, nargs="+", default=[4, 8, 15])
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--pipelines", nargs="+", default=["train", "eval"])
-    ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy", "dali_proxy", "dali_native"])
+    ap.add_argument("--batch", type=int, nargs="+", default=[128])
+    ap.add_argument("--pipelines", nargs="+", default=["train", "eval"], choices=PIPELINES)
+    ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy", "dali_proxy", "dali_native"],
+                    choices=["torchvision", "autoproxy", "dali_proxy", "dali_native", "decode_jpeg_gpu"])
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode, interleaved; the median is reported")
     ap.add_argument("--tv-repeat", type=int, default=1, help="runs of the (slow) torchvision mode")
@@ -179,39 +270,47 @@ def main(argv=None):
     print(json.dumps({"corpus": corpus, "env": env}), flush=True)
     runners = {"torchvision": lambda *x: run_torchvision(*x[:6]),
                "autoproxy": lambda *x: run_torchvision(*x[:6], autoproxy=True),
-               "dali_proxy": run_dali_proxy, "dali_native": run_dali_native}
+               "dali_proxy": run_dali_proxy, "dali_native": run_dali_native,
+               "decode_jpeg_gpu": run_decode_jpeg_gpu}
     results = []
-    for kind in a.pipelines:
-        for w in a.workers:
-            modes = [m for m in a.modes if not (m == "dali_native" and w != a.workers[0])]
-            runs = {m: [] for m in modes}
-            for rep in range(a.repeat):  # modes interleaved, so drift hits all of them alike
-                for mode in modes:
-                    if mode == "torchvision" and rep >= a.tv_repeat:
-                        continue
-                    c0 = cpu_seconds()
-                    n, dt = 0, 0.0
+    for batch, kind, w in [(b, k, w) for b in a.batch for k in a.pipelines for w in a.workers]:
+        modes = [m for m in a.modes if not (m == "dali_native" and w != a.workers[0])]
+        runs = {m: [] for m in modes}
+        for rep in range(a.repeat):  # modes interleaved, so drift hits all of them alike
+            for mode in modes:
+                if mode == "torchvision" and rep >= a.tv_repeat:
+                    continue
+                c0 = cpu_seconds()
+                n, dt = 0, 0.0
+                try:
                     for _ in range(1 if mode == "torchvision" else a.epochs):
-                        ni, di = runners[mode](a.data, kind, w, a.batch, a.warmup, a.device, threads)
+                        ni, di = runners[mode](a.data, kind, w, batch, a.warmup, a.device, threads)
                         n, dt = n + ni, dt + di
-                    cpu = cpu_seconds() - c0
-                    runs[mode].append((n / dt, 1000 * cpu / max(1, n), n, dt))
-            for mode, rs in runs.items():
-                rates = sorted(r[0] for r in rs)
-                row = {"pipeline": kind, "mode": mode, "workers": w if mode != "dali_native" else 0,
-                       "runs": len(rs), "images": rs[0][2],
-                       "images_per_s": round(float(np.median(rates)), 1),
-                       "min_images_per_s": round(rates[0], 1), "max_images_per_s": round(rates[-1], 1),
-                       "cpu_s_per_1k_images": round(float(np.median([r[1] for r in rs])), 2)}
-                results.append(row)
-                print(json.dumps(row), flush=True)
+                except Exception as exc:  # one mode failing must not lose the others' figures
+                    print(json.dumps({"pipeline": kind, "mode": mode, "workers": w, "batch": batch,
+                                      "error": f"{type(exc).__name__}: {exc}"[:300]}), flush=True)
+                    continue
+                cpu = cpu_seconds() - c0
+                runs[mode].append((n / dt, 1000 * cpu / max(1, n), n, dt, gpu_memory_mb()))
+        for mode, rs in runs.items():
+            if not rs:
+                continue
+            rates = sorted(r[0] for r in rs)
+            row = {"pipeline": kind, "mode": mode, "workers": w if mode != "dali_native" else 0,
+                   "batch": batch, "runs": len(rs), "images": rs[0][2],
+                   "gpu_mb": round(max(r[4] for r in rs)),
+                   "images_per_s": round(float(np.median(rates)), 1),
+                   "min_images_per_s": round(rates[0], 1), "max_images_per_s": round(rates[-1], 1),
+                   "cpu_s_per_1k_images": round(float(np.median([r[1] for r in rs])), 2)}
+            results.append(row)
+            print(json.dumps(row), flush=True)
     if a.profile:
         import cProfile
         import io
         import pstats
         prof = cProfile.Profile()
         prof.enable()
-        run_torchvision(a.data, "train", max(a.workers), a.batch, 0, a.device, autoproxy=True)
+        run_torchvision(a.data, a.pipelines[0], max(a.workers), a.batch[0], 0, a.device, autoproxy=True)
         prof.disable()
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
@@ -224,9 +323,41 @@ def main(argv=None):
     if a.out:
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with open(a.out, "w") as f:
-            json.dump({"corpus": corpus, "env": env, "batch": a.batch, "results": results}, f, indent=1)
+            json.dump({"corpus": corpus, "env": env, "results": results}, f, indent=1)
         with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
             f.write(summary + "\n")
+        chart(results, os.path.splitext(a.out)[0] + ".png")
+
+
+def chart(results, path: str) -> None:
+    """Images/s against workers, one panel per pipeline (and batch size), one line per mode."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no chart", flush=True)
+        return
+    panels = sorted({(r["pipeline"], r["batch"]) for r in results})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    for ax, (kind, batch) in zip(axes[0], panels):
+        for mode in sorted({r["mode"] for r in results}):
+            pts = sorted((r["workers"], r["images_per_s"]) for r in results
+                         if r["pipeline"] == kind and r["batch"] == batch and r["mode"] == mode)
+            if not pts:
+                continue
+            if mode == "dali_native":
+                ax.axhline(pts[0][1], ls=":", color="gray", label="native DALI reader")
+            else:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
+        ax.set_title(f"{kind}, batch {batch}")
+        ax.set_xlabel("DataLoader workers")
+        ax.set_ylabel("images/s")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"chart: {path}", flush=True)
 
 
 def _cell(x) -> str:
@@ -237,20 +368,23 @@ def _cell(x) -> str:
 
 
 def summarize(results) -> str:
-    lines = ["| pipeline | workers | torchvision img/s | autoproxy img/s (min-max) | DALI proxy (hand-written) "
-             "img/s (min-max) | autoproxy / torchvision | autoproxy / DALI proxy | CPU s per 1k img (tv / autoproxy) |",
-             "|---|---|---|---|---|---|---|---|"]
-    by = {(r["pipeline"], r["mode"], r["workers"]): r for r in results}
-    for (kind, mode, w), r in sorted(by.items()):
+    lines = ["| pipeline | batch | workers | torchvision img/s | autoproxy img/s (min-max) | DALI proxy (hand-written) "
+             "img/s (min-max) | decode_jpeg on GPU img/s | autoproxy / torchvision | autoproxy / DALI proxy | "
+             "CPU s per 1k img (tv / autoproxy) | GPU MB (autoproxy / proxy) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    by = {(r["pipeline"], r["batch"], r["mode"], r["workers"]): r for r in results}
+    for (kind, batch, mode, w), r in sorted(by.items()):
         if mode != "autoproxy":
             continue
-        tv, dp = by.get((kind, "torchvision", w)), by.get((kind, "dali_proxy", w))
+        tv, dp = by.get((kind, batch, "torchvision", w)), by.get((kind, batch, "dali_proxy", w))
+        dj = by.get((kind, batch, "decode_jpeg_gpu", w))
         ratio = lambda x: f"{r['images_per_s'] / x['images_per_s']:.2f}x" if x else "-"  # noqa: E731
-        lines.append(f"| {kind} | {w} | {_cell(tv)} | {_cell(r)} | {_cell(dp)} | {ratio(tv)} | {ratio(dp)} | "
-                     f"{tv['cpu_s_per_1k_images'] if tv else '-'} / {r['cpu_s_per_1k_images']} |")
-    for (kind, mode, w), r in sorted(by.items()):
+        lines.append(f"| {kind} | {batch} | {w} | {_cell(tv)} | {_cell(r)} | {_cell(dp)} | {_cell(dj)} | {ratio(tv)} | "
+                     f"{ratio(dp)} | {tv['cpu_s_per_1k_images'] if tv else '-'} / {r['cpu_s_per_1k_images']} | "
+                     f"{r['gpu_mb']} / {dp['gpu_mb'] if dp else '-'} |")
+    for (kind, batch, mode, w), r in sorted(by.items()):
         if mode == "dali_native":
-            lines.append(f"\nnative DALI reader ({kind}): {r['images_per_s']:,.0f} img/s")
+            lines.append(f"\nnative DALI reader ({kind}, batch {batch}): {r['images_per_s']:,.0f} img/s")
     return "\n".join(lines)
 
 

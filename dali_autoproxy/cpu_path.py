@@ -35,7 +35,7 @@ def _jitter(img: Any, op: ColorJitter, row: List[float]) -> Any:
     import torchvision.transforms.functional as F
     adjust = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation]
     for which in (int(v) for v in row[op.slot:op.slot + 4]):
-        if not op.enabled[which]:
+        if which > 3 or not op.enabled[which]:  # 4: the "skip" row of a RandomApply
             continue
         if which < 3:
             img = adjust[which](img, row[op.slot + 4 + which])

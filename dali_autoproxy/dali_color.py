@@ -35,7 +35,11 @@ def blend(degenerate, img, factor):
 
 def mean_luma(img):
     """``int(ImageStat.Stat(img.convert("L")).mean[0] + 0.5)``, in exact integer arithmetic."""
-    lum = fn.cast(luma(img), dtype=types.INT32)
+    return mean_luma_of(luma(img))
+
+
+def mean_luma_of(lum_float):
+    lum = fn.cast(lum_float, dtype=types.INT32)
     total = fn.reductions.sum(lum, dtype=types.INT64)
     shape = lum.shape(dtype=types.INT64)
     count = shape[0] * shape[1]
@@ -99,34 +103,53 @@ def shift_hue(img, shift):
 
 
 def color_jitter(img, order: Sequence, factors: Sequence, shift, enabled: Sequence[bool]):
-    """ColorJitter's four adjustments in a per-sample order: at each of the four positions every
-    enabled adjustment is computed and the sample's own is kept (a select, not a branch)."""
+    """ColorJitter's adjustments in each sample's own order, for the price of one hue pass.
+
+    Brightness, contrast and saturation are all ``blend(degenerate, img, factor)`` (black, the
+    mean luma, the luma image), so each position of the order is ONE blend whose degenerate and
+    factor are selected per sample (degenerate 0 and factor 1 where the position does nothing,
+    which is exact). Hue sits at one position k of every sample's order: the blends before k
+    run first, then the hue pass, then the blends after k."""
     cur = fn.cast(img, dtype=types.FLOAT)
+    if not any(enabled[:3]):  # hue alone: the order does not matter (and feeds nothing)
+        return fn.cast(shift_hue(cur, shift), dtype=types.UINT8)
+    if not enabled[3]:
+        for position in range(4):
+            cur = _blend_stage(cur, order[position], factors, enabled, None)
+        return fn.cast(cur, dtype=types.UINT8)
+    hue_at, hue_on = None, None
     for position in range(4):
-        which = order[position]
-        lum = luma(cur) if enabled[1] or enabled[2] else None
-        candidates: list = []
-        if enabled[0]:
-            candidates.append((0, lambda c: blend(0.0, c, factors[0])))
-        if enabled[1]:
-            candidates.append((1, lambda c: blend(mean_luma(c), c, factors[1])))
-        if enabled[2]:
-            candidates.append((2, lambda c: blend(merge(lum, lum, lum), c, factors[2])))
-        if enabled[3]:
-            candidates.append((3, lambda c: shift_hue(c, shift)))
-        cur = _pick(which, cur, candidates)
+        here = order[position] == 3.0
+        hue_at = here * float(position) if hue_at is None else hue_at + here * float(position)
+        hue_on = here if hue_on is None else hue_on | here  # 0 in RandomApply's "skip" row
+    for position in range(3):  # position 3 is never before the hue
+        cur = _blend_stage(cur, order[position], factors, enabled, hue_at > float(position))
+    cur = hue_on * shift_hue(cur, shift) + (hue_on == 0) * cur
+    for position in range(1, 4):  # position 0 is never after it
+        cur = _blend_stage(cur, order[position], factors, enabled, hue_at < float(position))
     return fn.cast(cur, dtype=types.UINT8)
 
 
-def _pick(which, cur, candidates: Sequence[tuple]):
-    keep = None
-    out = None
-    for index, make in candidates:
-        chosen = which == index
-        term = chosen * make(cur)
-        out = term if out is None else out + term
-        keep = (chosen == 0) if keep is None else keep * (chosen == 0)
-    return cur if out is None else out + keep * cur
+def _blend_stage(cur, which, factors: Sequence, enabled: Sequence[bool], active):
+    """One position of the order: brightness (0), contrast (1) or saturation (2) as one blend,
+    or nothing (hue, a disabled adjustment, or ``active`` 0 for this sample)."""
+    sel = [None] * 3
+    for k in range(3):
+        if enabled[k]:
+            sel[k] = (which == float(k)) if active is None else (which == float(k)) * active
+    if all(x is None for x in sel):
+        return cur
+    lum = luma(cur) if enabled[1] or enabled[2] else None
+    degenerate, factor, none = 0.0, 0.0, 1.0
+    if sel[1] is not None:
+        degenerate = degenerate + sel[1] * mean_luma_of(lum)
+    if sel[2] is not None:
+        degenerate = degenerate + sel[2] * merge(lum, lum, lum)
+    for k in range(3):
+        if sel[k] is not None:
+            factor = factor + sel[k] * factors[k]
+            none = none - sel[k]
+    return blend(degenerate, cur, factor + none)
 
 
 def grayscale(img, channels: int, apply=None):

@@ -156,7 +156,8 @@ class Lowering:
             return fn.cast(y, dtype=types.UINT8)
         if isinstance(op, ColorJitter):
             from . import dali_color
-            order = [self._param(f"order{op.slot}_{k}", op.slot + k, 1, np.float32, True) for k in range(4)]
+            order = [self._param(f"order{op.slot}_{k}", op.slot + k, 1, np.float32, True)
+                     for k in range(4)] if any(op.enabled[:3]) else None
             factors = [self._param(f"factor{op.slot}_{k}", op.slot + 4 + k, 1, np.float32, True)
                        if op.enabled[k] else None for k in range(3)]  # an unused source is an error
             shift = self._param(f"shift{op.slot}", op.slot + 7, 1, np.float32, True) if op.enabled[3] else None
