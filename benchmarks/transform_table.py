@@ -43,7 +43,7 @@ def main() -> None:
                 row = {"transform": case.name, "api": api, "expect": case.expect}
                 for dev in a.device:
                     try:
-                        row[dev] = measure(case, api, root, device=dev)
+                        row[dev] = measure(case, api, root, device=dev, raw=dev == "gpu")
                     except Exception as exc:  # a row, not a crash: the table shows it
                         row[dev] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
                 rows.append(row)
@@ -61,6 +61,8 @@ def main() -> None:
             "Each row: the chain of tests/catalogue.py (a fixed-size crop, the transform, a conversion to a "
             "tensor) on 12 photographs, autoproxy against plain torchvision with the same seed.",
             "Error: max abs / mean abs / PSNR in uint8 levels (dB); `(float)` rows: max abs error of float output.",
+            "The GPU column decodes with PIL in the worker (the transforms' error alone; nvJPEG's decoding "
+            "differs from libjpeg-turbo's by about a level, see benchmarks/results/fidelity_*.md).",
             "`DALI`: the whole chain runs in DALI; `partial`: the worker runs the prefix up to and including "
             "the transform, DALI the rest; `fallback`: plain torchvision, for the reason given.", ""]
     cols = " | ".join(f"error ({d} backend)" for d in a.device)

@@ -12,10 +12,20 @@ from photos import psnr
 PARAMS = [pytest.param(c, api, id=f"{c.name}-{api}") for c in CASES for api in c.apis]
 
 
-def measure(case, api, root, device="cpu"):
+def pil_rgb(path):
+    """Not torchvision's loader: the worker decodes with PIL and pixels travel (raw input)."""
+    from PIL import Image
+    with open(path, "rb") as f:
+        return Image.open(f).convert("RGB")
+
+
+def measure(case, api, root, device="cpu", raw=False):
     """(status, reason, max abs error, mean abs error, PSNR) of autoproxy against torchvision;
-    errors in uint8 levels, or in float units for float output."""
-    ds = image_folder(root, case.chain(api))
+    errors in uint8 levels, or in float units for float output. ``raw``: PIL decodes in the
+    worker, so the figure is the transforms' alone (nvJPEG decodes a little differently)."""
+    import torchvision
+    ds = torchvision.datasets.ImageFolder(root, case.chain(api), loader=pil_rgb) if raw else \
+        image_folder(root, case.chain(api))
     kw = dict(seed=17, shuffle=True, batch_size=case.batch)
     ref = load_all(ds, autoproxy=False, **kw)
     out = load_all(ds, autoproxy=True, device=device, **kw)
