@@ -58,3 +58,38 @@ def test_two_ranks_get_torchvisions_samples(photo_root, tmp_path, enable_after_i
         per_rank_labels.append([torch.cat([y for _, y in ep]) for ep in res["autoproxy"]["epochs"]])
     assert [len(per_rank_labels[r][0]) for r in range(world)] == [12, 12]  # padded to equal shards
     assert not torch.equal(per_rank_labels[0][0], per_rank_labels[0][1])  # set_epoch reshuffles
+
+
+def _two_gpus() -> bool:
+    return torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _two_gpus(), reason="needs two CUDA GPUs (CPU twin: test_two_ranks_get_torchvisions_samples)")
+def test_torchrun_two_gpus_each_rank_on_its_own_device(photo_root, tmp_path):
+    """torchrun --nproc_per_node=2 on an unchanged DDP script, plain and with DALI_AUTOPROXY=1:
+    each rank's batches arrive on its own GPU, no rank holds a context on the other GPU, and the
+    samples (labels, crops) are plain torchvision's."""
+    import subprocess
+    import sys
+    from test_fidelity import compare
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ddp_train.py")
+    runs = {}
+    for arm in ("plain", "autoproxy"):
+        out = tmp_path / arm
+        out.mkdir()
+        env = dict(os.environ, DALI_AUTOPROXY="1" if arm == "autoproxy" else "0", DALI_AUTOPROXY_LOG="INFO")
+        res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                              "--master_port=29517" if arm == "plain" else "--master_port=29518",
+                              script, photo_root, str(out)], env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-4000:]
+        runs[arm] = [torch.load(out / f"rank{r}.pt") for r in range(2)]
+        if arm == "autoproxy":
+            assert "proxied to DALI on gpu" in res.stderr, res.stderr[-3000:]
+    for rank in range(2):
+        plain, auto = runs["plain"][rank], runs["autoproxy"][rank]
+        assert {b[2] for b in plain["batches"]} == {"cpu"}
+        assert {b[2] for b in auto["batches"]} == {f"cuda:{rank}"}
+        assert auto["contexts"] == [rank], auto["contexts"]
+        compare([(x, y) for x, y, _ in plain["batches"]], [(x, y) for x, y, _ in auto["batches"]],
+                mae_max=1.5, psnr_min=36.0)

@@ -1,0 +1,118 @@
+"""Total images/s of a DDP-style loader on 1 and 2 GPUs (ranks), plain torchvision against
+autoproxy, the same DataLoader workers per rank, in one run.
+
+Each rank iterates its DistributedSampler shard of the corpus (train pipeline: RandomResizedCrop,
+flip, ToTensor, Normalize), moving batches to its GPU; the total is all ranks' images over the
+slowest rank's time, after a barrier-aligned start and warm-up.
+
+    python benchmarks/distributed_benchmark.py --images 8192 --workers 8 --ranks 1 2 \\
+        --out benchmarks/results/distributed_h200x2.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def rank_main(a) -> None:
+    import torch
+    import torch.distributed as dist
+    import torchvision
+    sys.path.insert(0, HERE)
+    from loader_benchmark import tv_transform
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl")
+    if a.mode == "autoproxy":
+        import dali_autoproxy
+        dali_autoproxy.enable(device="gpu", log_level="WARNING")
+    ds = torchvision.datasets.ImageFolder(a.data, transform=tv_transform("train"))
+    sampler = torch.utils.data.distributed.DistributedSampler(ds, shuffle=True, seed=0)
+    loader = torch.utils.data.DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers,
+                                         pin_memory=True, persistent_workers=True)
+    n, elapsed = 0, 0.0
+    for epoch in range(a.epochs + 1):  # epoch 0 warms up (workers, pipelines, caches)
+        sampler.set_epoch(epoch)
+        dist.barrier()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        count = 0
+        for x, _ in loader:
+            x = x.cuda(non_blocking=True)
+            count += x.shape[0]
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        if epoch:
+            n, elapsed = n + count, elapsed + dt
+    times = [None] * dist.get_world_size()
+    dist.all_gather_object(times, (n, elapsed))
+    if dist.get_rank() == 0:
+        total = sum(t[0] for t in times)
+        with open(a.result, "w") as f:
+            json.dump({"images": total, "seconds": max(t[1] for t in times),
+                       "images_per_s": total / max(t[1] for t in times)}, f)
+    del loader
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=os.path.join(HERE, "data", "corpus"))
+    ap.add_argument("--images", type=int, default=8192)
+    ap.add_argument("--workers", type=int, default=8, help="DataLoader workers per rank")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--epochs", type=int, default=2, help="timed epochs (after one warm-up epoch)")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy"])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--rank-run", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.rank_run:
+        return rank_main(a)
+    sys.path.insert(0, HERE)
+    from corpus import make_corpus
+    corpus = make_corpus(a.data, a.images)
+    rows = []
+    for ranks in a.ranks:
+        for mode in a.modes:
+            result = f"/tmp/dist_bench_{os.getpid()}_{ranks}_{mode}.json"
+            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+                   f"--master_port={29600 + ranks}", os.path.abspath(__file__), "--rank-run", "--mode", mode,
+                   "--result", result, "--data", a.data, "--workers", str(a.workers), "--batch", str(a.batch),
+                   "--epochs", str(a.epochs)]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode != 0:
+                print(res.stderr[-3000:], flush=True)
+                rows.append({"ranks": ranks, "mode": mode, "error": res.stderr[-500:]})
+                continue
+            with open(result) as f:
+                row = {"ranks": ranks, "mode": mode, "workers_per_rank": a.workers, **json.load(f)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    by = {(r["ranks"], r["mode"]): r.get("images_per_s") for r in rows}
+    lines = ["| ranks (GPUs) | workers per rank | torchvision img/s | autoproxy img/s | autoproxy / torchvision |"
+             " autoproxy scaling vs 1 rank |", "|---|---|---|---|---|---|"]
+    for ranks in a.ranks:
+        tv, ap_ = by.get((ranks, "torchvision")), by.get((ranks, "autoproxy"))
+        one = by.get((a.ranks[0], "autoproxy"))
+        lines.append(f"| {ranks} | {a.workers} | {tv or 0:,.0f} | {ap_ or 0:,.0f} | "
+                     f"{(ap_ / tv) if tv and ap_ else 0:.2f}x | {(ap_ / one) if one and ap_ else 0:.2f}x |")
+    table = "\n".join(lines)
+    print(table, flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"corpus": corpus, "rows": rows}, f, indent=1)
+        with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
