@@ -90,7 +90,7 @@ def run_plan(plan: Plan, img: Any, params: List[float]) -> torch.Tensor:
                 img = F.erase(chw, top, left, h, w, torch.tensor(op.value)[:, None, None])
         elif isinstance(op, ToFloat):
             t = F.pil_to_tensor(img) if is_pil else img
-            img = t.float().div(255) if abs(op.scale - 1 / 255) < 1e-12 else t.float() * op.scale
+            img = t.float().div(round(1 / op.scale)) if op.divide else t.float() * op.scale
         elif isinstance(op, ToCHW):
             if is_pil:
                 img = F.pil_to_tensor(img)

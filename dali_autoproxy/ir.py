@@ -86,8 +86,10 @@ class Erase:
 
 @dataclass(frozen=True)
 class ToFloat:
-    """uint8 -> float32, multiplied by ``scale`` (1/255 for ToTensor-like conversions)."""
+    """uint8 -> float32, multiplied by ``scale`` (1/255 for ToTensor-like conversions);
+    ``divide``: computed as x / (1/scale), as v1's ToTensor does (v2's ToDtype multiplies)."""
     scale: float
+    divide: bool = False
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ Everything per sample (crop boxes, sizes, flip flags) arrives through external s
 """
 from __future__ import annotations
 
+import collections
 import os
 import weakref
 import queue
@@ -18,8 +19,10 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .ir import Blur, ColorJitter, Crop, Erase, Flip, Grayscale, Normalize, PixelOp, Resize, ToCHW, ToFloat
+from .ir import (Blur, ChainState, ColorJitter, Crop, Erase, Flip, Grayscale, Normalize, PixelOp, Resize,
+                 ToCHW, ToFloat)
 from .planning import Plan
+from .torch_stage import TorchStage, split
 from .transport import ProxyGroup
 
 _TAIL_OPS = (Flip, ToFloat, Normalize, ToCHW)
@@ -84,6 +87,10 @@ class Lowering:
         self.plan = plan
         self.device = device  # "gpu" or "cpu"
         self.feeds: List[Tuple[str, int, int, object]] = []  # (name, column, width, numpy dtype)
+        self.ops, torch_ops = split(plan.ops)
+        self.torch_stage = TorchStage(torch_ops) if torch_ops else None
+        # what the DALI part hands over: the plan's output, or uint8 HWC pixels for the torch stage
+        self.out_state = ChainState(channels=plan.state.channels) if torch_ops else plan.state
 
     def _param(self, name: str, column: int, width: int, dtype, operand: bool = False) -> object:
         """A per-sample value fed from the params row; ``operand``: used in arithmetic with
@@ -96,7 +103,7 @@ class Lowering:
 
     def graph(self):
         from nvidia.dali import fn, types
-        plan, ops = self.plan, list(self.plan.ops)
+        plan, ops = self.plan, list(self.ops)
         encoded = plan.input_kind == "encoded"
         data = fn.external_source(name="data", device="cpu", dtype=types.UINT8,
                                   layout=None if encoded else "HWC")
@@ -185,7 +192,7 @@ class Lowering:
 
     def _lower_tail(self, tail: List[object], img):
         from nvidia.dali import fn, types
-        state = self.plan.state
+        state = self.out_state
         kwargs = {}
         flips = [op for op in tail if isinstance(op, Flip)]
         if flips:
@@ -252,6 +259,7 @@ class DaliRunner:
         self.num_threads = num_threads or default_num_threads(device)
         self.prefetch = prefetch
         self.pending = 0
+        self._params: "collections.deque" = collections.deque()  # per submitted batch, for the torch stage
         self._waiter: Optional[_Waiter] = None
         _live_runners.add(self)
         self._build()
@@ -268,6 +276,7 @@ class DaliRunner:
         _live_pipelines.add(pipe)
         self.pipe = pipe
         self.pending = 0
+        self._params.clear()
 
     def __del__(self) -> None:
         """Free the pipeline now, and DALI's cached memory once no pipeline of ours is left."""
@@ -302,6 +311,7 @@ class DaliRunner:
         # DALI's own proxy drives the pipeline this way: one scheduled run per fed batch.
         pipe._run_once()
         self.pending += 1
+        self._params.append(params)
 
     def collect(self, timeout: Optional[float] = None) -> Union[torch.Tensor, List[torch.Tensor]]:
         """The oldest submitted batch: one batched tensor, or a list when shapes differ.
@@ -309,6 +319,7 @@ class DaliRunner:
         DALI's outputs() has no timeout; it waits on a helper thread so that a stuck pipeline
         ends in a RuntimeError after ``timeout`` seconds (then rebuild()) instead of a hang."""
         self.pending -= 1
+        params = self._params.popleft() if self._params else None
         if self._waiter is None:
             self._waiter = _Waiter()
         limit = timeout or STALL_LIMIT_S
@@ -319,8 +330,11 @@ class DaliRunner:
             raise RuntimeError(f"DALI produced no output within {limit:g} s; the pipeline is "
                                "considered stuck") from None
         if out.is_dense_tensor():
-            return torch.from_dlpack(out.as_tensor())
-        return [torch.from_dlpack(out[i]) for i in range(len(out))]
+            result = torch.from_dlpack(out.as_tensor())
+        else:
+            result = [torch.from_dlpack(out[i]) for i in range(len(out))]
+        stage = self.lowering.torch_stage
+        return stage(result, params) if stage is not None else result
 
     def drain(self) -> None:
         """Discard outputs of batches nobody will take (after a break out of an epoch)."""

@@ -96,6 +96,8 @@ CASES: List[Case] = [
     Case("ColorJitter brightness, contrast", lambda m: [_crop(m), m.ColorJitter(brightness=0.5, contrast=(0.2, 1.8))],
          "exact"),
     Case("ColorJitter saturation, hue 0.5", lambda m: [_crop(m), m.ColorJitter(saturation=(0.0, 2.0), hue=0.5)], "exact"),
+    Case("ColorJitter before a resize (DALI arithmetic)", lambda m: [
+        m.ColorJitter(0.4, 0.4, 0.4, 0.1), m.RandomGrayscale(0.3), m.RandomResizedCrop(160)], "bound"),
     Case("Grayscale(1)", lambda m: [_crop(m), m.Grayscale()], "exact"),
     Case("Grayscale(3)", lambda m: [_crop(m), m.Grayscale(3)], "exact"),
     Case("RandomGrayscale", lambda m: [_crop(m), m.RandomGrayscale(0.5)], "exact"),

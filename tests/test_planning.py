@@ -79,3 +79,14 @@ def test_ops_of_the_imagenet_train_chain():
 ])
 def test_unsupported_chains_say_why(tf, reason):
     assert reason in why_not(tf)
+
+
+def test_torch_stage_takes_over_at_colour_jitter_only_when_it_can_finish():
+    from dali_autoproxy.ir import ColorJitter
+    from dali_autoproxy.torch_stage import split
+    late = build_plan(T.Compose([T.RandomResizedCrop(64), T.ColorJitter(0.4), T.RandomGrayscale(),
+                                 T.ToTensor(), T.Normalize([0.5] * 3, [0.5] * 3), T.RandomErasing()]), "encoded")
+    dali_ops, torch_ops = split(late.ops)
+    assert [type(op) for op in dali_ops] == [Crop, Resize] and isinstance(torch_ops[0], ColorJitter)
+    early = build_plan(T.Compose([T.ColorJitter(0.4), T.RandomResizedCrop(64), T.ToTensor()]), "encoded")
+    assert split(early.ops)[1] == []  # a resize after it: all in DALI (dali_color's arithmetic)

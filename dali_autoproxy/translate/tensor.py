@@ -28,7 +28,7 @@ _to_tensor_types = [T.ToTensor] + ([v2.ToTensor] if hasattr(v2, "ToTensor") else
 def to_tensor(t, state: ChainState, alloc) -> Step:
     _require_pil(t, state)
     state.kind, state.dtype = "tensor", "float32"
-    return Step(transform_name(t), [ToFloat(1.0 / 255.0), ToCHW()])
+    return Step(transform_name(t), [ToFloat(1.0 / 255.0, divide=True), ToCHW()])
 
 
 @register(T.PILToTensor, v2.PILToTensor)
@@ -46,7 +46,7 @@ def to_image(t, state: ChainState, alloc) -> Step:
     return Step(transform_name(t), [])
 
 
-def _to_float(t, state: ChainState, dtype, scale: bool) -> Step:
+def _to_float(t, state: ChainState, dtype, scale: bool, divide: bool = False) -> Step:
     if state.kind != "tensor":
         raise Unsupported(f"{transform_name(t)} on a PIL image is left to torchvision")
     if dtype not in _FLOATS and dtype != torch.uint8:
@@ -58,7 +58,7 @@ def _to_float(t, state: ChainState, dtype, scale: bool) -> Step:
     if state.dtype == "float32":
         return Step(transform_name(t), [])
     state.dtype = "float32"
-    return Step(transform_name(t), [ToFloat(1.0 / 255.0 if scale else 1.0)])
+    return Step(transform_name(t), [ToFloat(1.0 / 255.0 if scale else 1.0, divide=divide and scale)])
 
 
 _convert_types = [T.ConvertImageDtype] + ([v2.ConvertImageDtype] if hasattr(v2, "ConvertImageDtype") else [])
@@ -66,7 +66,8 @@ _convert_types = [T.ConvertImageDtype] + ([v2.ConvertImageDtype] if hasattr(v2, 
 
 @register(*_convert_types)
 def convert_image_dtype(t, state: ChainState, alloc) -> Step:
-    return _to_float(t, state, t.dtype, scale=True)
+    # v1's convert_image_dtype divides by 255, v2's multiplies by 1/255
+    return _to_float(t, state, t.dtype, scale=True, divide=not isinstance(t, v2.Transform))
 
 
 @register(v2.ToDtype)
