@@ -52,8 +52,8 @@ def mean_luma(lum: torch.Tensor) -> torch.Tensor:
     return ((total * 2 + count) // (count * 2)).to(torch.float32).view(-1, 1, 1, 1)
 
 
-def shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """torchvision's PIL adjust_hue through Pillow's 8-bit HSV, at Pillow's float/double steps."""
+def rgb_to_hsv8(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pillow's 8-bit RGB -> HSV on [N, 3, ...] whole numbers, at Pillow's float/double steps."""
     f32, f64 = torch.float32, torch.float64
     r, g, b = x[:, 0], x[:, 1], x[:, 2]
     maxc = torch.maximum(r, torch.maximum(g, b))
@@ -68,14 +68,18 @@ def shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     h = (h - torch.floor(h)).to(f32).to(f64)
     hue = torch.where(grey, 0.0, torch.clamp(torch.floor(h * 255.0), 0, 255))
     s8 = torch.where(grey, 0.0, torch.clamp(torch.floor(sat.to(f64) * 255.0), 0, 255))
-    hue = hue + _per_sample(shift).to(f64)
-    hue = torch.where(hue >= 256, hue - 256, hue)
+    return hue, s8, maxc
+
+
+def hsv8_to_rgb(hue: torch.Tensor, s8: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Pillow's 8-bit HSV -> RGB (float64 inputs holding whole numbers) -> [N, 3, ...]."""
+    f32, f64 = torch.float32, torch.float64
     xs = hue * 6.0 / 255.0
     sector = torch.floor(xs)
     frac = (xs - sector).to(f32)
-    sector = torch.where(sector >= 6, sector - 6, sector).to(torch.int64)
+    sector = torch.where(sector >= 6, sector - 6, sector)
     fs = (s8 / 255.0).to(f32)
-    v = maxc.to(f64)
+    v = v.to(f64)
     p = torch.floor(v * (1.0 - fs.to(f64)) + 0.5)
     q = torch.floor(v * (1.0 - (fs * frac).to(f64)) + 0.5)
     t = torch.floor(v * (1.0 - fs.to(f64) * (1.0 - frac.to(f64))) + 0.5)
@@ -85,7 +89,42 @@ def shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         for k in range(1, 6):
             plane = torch.where(sector == k, choices[k], plane)
         planes.append(plane)
-    return torch.stack(planes, 1).to(f32)
+    return torch.stack(planes, 1)
+
+
+_HUE_TABLES: dict = {}
+
+
+def hue_tables(device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Both directions of Pillow's conversion for all 2**24 inputs, computed once per device
+    with the functions above (so exact by construction): RGB -> H*256+S (int16, 32 MB) and
+    H, S, V -> RGB (uint8, 48 MB). A hue pass is then a few integer ops and two gathers."""
+    key = str(device)
+    if key not in _HUE_TABLES:
+        n, chunk = 1 << 24, 1 << 21
+        to_hs = torch.empty(n, dtype=torch.int16, device=device)
+        to_rgb = torch.empty(n, 3, dtype=torch.uint8, device=device)
+        for start in range(0, n, chunk):
+            idx = torch.arange(start, start + chunk, device=device)
+            a, b_, c = ((idx >> 16) & 255), ((idx >> 8) & 255), (idx & 255)
+            h, s, _ = rgb_to_hsv8(torch.stack([a, b_, c], 1).to(torch.float32))   # a, b, c = R, G, B
+            to_hs[start:start + chunk] = (h * 256 + s).to(torch.int16)
+            to_rgb[start:start + chunk] = hsv8_to_rgb(a.to(torch.float64), b_.to(torch.float64),
+                                                      c.to(torch.float64)).to(torch.uint8)  # a, b, c = H, S, V
+        _HUE_TABLES[key] = (to_hs, to_rgb)
+    return _HUE_TABLES[key]
+
+
+def shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """torchvision's PIL adjust_hue: RGB -> Pillow's HSV, H += shift (mod 256), -> RGB."""
+    to_hs, to_rgb = hue_tables(x.device)
+    xi = x.to(torch.int32)
+    r, g, b = xi[:, 0], xi[:, 1], xi[:, 2]
+    hs = to_hs[(r << 16) | (g << 8) | b].to(torch.int32)
+    v = torch.maximum(r, torch.maximum(g, b))
+    h = ((hs >> 8) + shift.to(torch.int32).view(-1, 1, 1)) & 255
+    rgb = to_rgb[(h << 16) | ((hs & 255) << 8) | v]  # [B, H, W, 3]
+    return rgb.permute(0, 3, 1, 2).to(torch.float32)
 
 
 def color_jitter(x: torch.Tensor, op: ColorJitter, params: torch.Tensor) -> torch.Tensor:
@@ -116,13 +155,13 @@ def _blend_stage(x, which, factors, enabled, active):
            for k in range(3)]
     if all(s is None for s in sel):
         return x
-    degenerate = torch.zeros_like(x)
+    degenerate = torch.zeros(x.shape[0], 1, 1, 1, device=x.device)  # broadcast over C (and H, W)
     if enabled[1] or enabled[2]:
-        lum = luma(x)
+        lum = luma(x).unsqueeze(1)
         if sel[1] is not None:
-            degenerate = torch.where(sel[1], mean_luma(lum).expand_as(x), degenerate)
+            degenerate = torch.where(sel[1], mean_luma(lum[:, 0]), degenerate)
         if sel[2] is not None:
-            degenerate = torch.where(sel[2], lum.unsqueeze(1).expand_as(x), degenerate)
+            degenerate = torch.where(sel[2], lum, degenerate)
     factor = torch.ones(x.shape[0], 1, 1, 1, device=x.device, dtype=torch.float32)
     for k in range(3):
         if sel[k] is not None:
