@@ -133,3 +133,73 @@ def test_mixup_cutmix_collate_falls_back_with_identical_batches(photo_root):
     assert not rep["proxied"] and "custom collate_fn" in rep["reason"]
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ref, out))
     assert ref[0][1].dtype == torch.float32 and ref[0][1].shape == (8, 3)  # soft labels: the collate ran
+
+
+class ClassificationPresetTrain:
+    """The shape of torchvision's classification reference presets: the chain in an
+    attribute, a __call__ that only applies it."""
+
+    def __init__(self, crop_size, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
+        self.transforms = v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(crop_size, antialias=True),
+                                      v2.RandomHorizontalFlip(0.5), v2.ToDtype(torch.float, scale=True),
+                                      v2.Normalize(mean=mean, std=std), v2.ToPureTensor()])
+
+    def __call__(self, img):
+        return self.transforms(img)
+
+
+class TwoViews:
+    """Does more than delegate: left to the worker (and said so)."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __call__(self, img):
+        return torch.stack([self.base(img), self.base(img)])
+
+
+def test_preset_wrapper_of_the_classification_references_is_seen_through(photo_root):
+    ds = image_folder(photo_root, ClassificationPresetTrain(96))
+    ref = load_all(ds, autoproxy=False, shuffle=True, seed=8)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=8)
+    rep = last_report()
+    assert rep["proxied"] and rep["dali_transforms"][0] == "decode", rep
+    compare(ref, out)
+
+
+def test_a_wrapper_that_does_more_falls_back_with_its_reason(photo_root):
+    ds = image_folder(photo_root, TwoViews(T.Compose([T.RandomResizedCrop(64), T.ToTensor()])))
+    ref = load_all(ds, autoproxy=False, seed=8)
+    out = load_all(ds, autoproxy=True, seed=8)
+    rep = last_report()
+    assert not rep["proxied"] and "TwoViews has no DALI translation" in rep["reason"], rep
+    for (a, la), (b, lb) in zip(ref, out):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+class JointPairs(torchvision.datasets.VisionDataset):
+    """Segmentation-style: image and mask through one joint ``transforms`` callable."""
+
+    def __init__(self, root, transforms):
+        super().__init__(root, transforms=transforms)
+        self.samples = torchvision.datasets.ImageFolder(root).samples
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        img = Image.open(self.samples[i][0]).convert("RGB")
+        mask = img.convert("L")
+        return self.transforms(img, mask)
+
+
+def test_segmentation_pairs_with_a_joint_transform_fall_back_identically(photo_root):
+    joint = v2.Compose([v2.RandomResizedCrop(64), v2.RandomHorizontalFlip(), v2.PILToTensor()])
+    ds = JointPairs(photo_root, joint)
+    ref = load_all(ds, autoproxy=False, seed=3)
+    out = load_all(ds, autoproxy=True, seed=3)
+    rep = last_report()
+    assert not rep["proxied"] and "no `transform` attribute" in rep["reason"], rep
+    for (a, ma), (b, mb) in zip(ref, out):
+        assert torch.equal(a, b) and torch.equal(ma, mb)

@@ -48,7 +48,8 @@ def _load_converters() -> None:
 
 
 def flatten(transform: object) -> List[object]:
-    """Unroll nested Compose (v1 and v2) into a flat list of transforms."""
+    """Unroll nested Compose (v1 and v2), and wrappers that only delegate to one, into a flat
+    list of transforms."""
     import torchvision.transforms as T
     try:
         import torchvision.transforms.v2 as v2
@@ -60,7 +61,35 @@ def flatten(transform: object) -> List[object]:
         for t in transform.transforms:
             out.extend(flatten(t))
         return out
+    inner = delegate_of(transform)
+    if inner is not None:
+        return flatten(inner)
     return [transform]
+
+
+_DELEGATING_OPS = {"RESUME", "LOAD_FAST", "LOAD_ATTR", "PUSH_NULL", "PRECALL", "CALL", "RETURN_VALUE",
+                   "CACHE", "LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW", "NOP", "CALL_FUNCTION",
+                   "CALL_METHOD", "LOAD_METHOD", "COPY_FREE_VARS"}
+
+
+def delegate_of(obj: object):
+    """The transform inside a wrapper whose ``__call__`` is exactly ``return self.X(img)``
+    (torchvision's classification references hold their chain this way:
+    ``self.transforms = T.Compose(...)``), else None. Read from the bytecode, so a wrapper
+    that does anything more is left alone."""
+    import dis
+    call = getattr(type(obj), "__call__", None)
+    code = getattr(call, "__code__", None)
+    if code is None or code.co_argcount != 2 or len(code.co_names) != 1 or code.co_flags & 0x0C:
+        return None
+    if not all(ins.opname in _DELEGATING_OPS for ins in dis.get_instructions(code)):
+        return None
+    loads = [ins.argval for ins in dis.get_instructions(code) if ins.opname.startswith("LOAD_FAST")]
+    if loads != [code.co_varnames[0], code.co_varnames[1]] and \
+            loads != [(code.co_varnames[0], code.co_varnames[1])]:
+        return None  # self.X(img): self first, then the argument, nothing else
+    inner = getattr(obj, code.co_names[0], None)
+    return inner if callable(inner) else None
 
 
 def coin_drawer(p: float):
