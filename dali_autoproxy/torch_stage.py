@@ -127,45 +127,50 @@ def shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return rgb.permute(0, 3, 1, 2).to(torch.float32)
 
 
-def color_jitter(x: torch.Tensor, op: ColorJitter, params: torch.Tensor) -> torch.Tensor:
-    """Each sample's order: blends before its hue position, the hue pass, blends after
-    (the same scheme as dali_color.color_jitter, see there)."""
-    order = params[:, op.slot:op.slot + 4]
+def color_jitter(x: torch.Tensor, op: ColorJitter, params: torch.Tensor, host) -> torch.Tensor:
+    """Each sample's own order, planned on the host from its params row (no GPU sync): the
+    enabled brightness/contrast/saturation steps of each sample become its 1st, 2nd and 3rd
+    blend (one selected blend per step for the whole batch), and the hue pass runs on just
+    the samples whose hue comes at that point."""
+    import numpy as np
+    order = host[:, op.slot:op.slot + 4].astype(np.int64)
+    steps = np.full((len(order), 3), -1, dtype=np.int64)  # -1: nothing (identity)
+    hue_after = np.full(len(order), -1, dtype=np.int64)   # hue after this many blends; -1: none
+    for i, row in enumerate(order):
+        k = 0
+        for which in row:
+            if which == 3 and op.enabled[3]:
+                hue_after[i] = k
+            elif which < 3 and op.enabled[which]:
+                steps[i, k] = which
+                k += 1
     factors = params[:, op.slot + 4:op.slot + 7].to(torch.float32)
     shift = params[:, op.slot + 7]
-    if not op.enabled[3]:
-        for position in range(4):
-            x = _blend_stage(x, order[:, position], factors, op.enabled, None)
-        return x
-    positions = torch.arange(4, device=params.device, dtype=params.dtype)
-    is_hue = order == 3
-    hue_on = is_hue.any(1)
-    hue_at = (is_hue * positions).sum(1)
-    for position in range(3):
-        x = _blend_stage(x, order[:, position], factors, op.enabled, hue_at > position)
-    x = torch.where(hue_on.view(-1, 1, 1, 1), shift_hue(x, shift), x)
-    for position in range(1, 4):
-        x = _blend_stage(x, order[:, position], factors, op.enabled, hue_at < position)
+    for k in range(4):
+        due = np.flatnonzero(hue_after == k)
+        if len(due):
+            idx = torch.as_tensor(due, device=x.device)
+            x = x.index_copy(0, idx, shift_hue(x.index_select(0, idx), shift.index_select(0, idx)))
+        if k < 3 and (steps[:, k] >= 0).any():
+            x = _blend_step(x, steps[:, k], factors)
     return x
 
 
-def _blend_stage(x, which, factors, enabled, active):
+def _blend_step(x: torch.Tensor, which, factors: torch.Tensor) -> torch.Tensor:
+    """One blend per sample: brightness (0), contrast (1), saturation (2) or nothing (-1),
+    as ``blend(degenerate, x, factor)`` with the degenerate and factor picked per sample
+    (degenerate 0 and factor 1 for nothing: exact)."""
     view = (-1, 1, 1, 1)
-    sel = [((which == k) & (active if active is not None else True)).view(view) if enabled[k] else None
-           for k in range(3)]
-    if all(s is None for s in sel):
-        return x
-    degenerate = torch.zeros(x.shape[0], 1, 1, 1, device=x.device)  # broadcast over C (and H, W)
-    if enabled[1] or enabled[2]:
+    w = torch.as_tensor(which, device=x.device).view(view)
+    degenerate = torch.zeros(x.shape[0], 1, 1, 1, device=x.device)
+    if (which == 1).any() or (which == 2).any():
         lum = luma(x).unsqueeze(1)
-        if sel[1] is not None:
-            degenerate = torch.where(sel[1], mean_luma(lum[:, 0]), degenerate)
-        if sel[2] is not None:
-            degenerate = torch.where(sel[2], lum, degenerate)
-    factor = torch.ones(x.shape[0], 1, 1, 1, device=x.device, dtype=torch.float32)
-    for k in range(3):
-        if sel[k] is not None:
-            factor = torch.where(sel[k], factors[:, k].view(view), factor)
+        if (which == 1).any():
+            degenerate = torch.where(w == 1, mean_luma(lum[:, 0]), degenerate)
+        if (which == 2).any():
+            degenerate = torch.where(w == 2, lum, degenerate)
+    picked = factors.gather(1, w.view(-1, 1).clamp(min=0)).view(view)
+    factor = torch.where(w >= 0, picked, torch.ones_like(picked))
     return blend(degenerate, x, factor)
 
 
@@ -204,13 +209,15 @@ class TorchStage:
     def __call__(self, out: Union[torch.Tensor, List[torch.Tensor]], params) -> Union[torch.Tensor, List[torch.Tensor]]:
         if isinstance(out, list):  # sizes differ: one sample at a time
             return [self(o.unsqueeze(0), params[k:k + 1]).squeeze(0) for k, o in enumerate(out)]
-        p = torch.as_tensor(params, device=out.device)
+        import numpy as np
+        host = np.asarray(params)
+        p = torch.as_tensor(host, device=out.device)
         x = out.permute(0, 3, 1, 2)
         integer = True  # the values are whole numbers 0..255 (uint8 semantics)
         x = x.to(torch.float32)
         for op in self.ops:
             if isinstance(op, ColorJitter):
-                x = color_jitter(x, op, p)
+                x = color_jitter(x, op, p, host)
             elif isinstance(op, Grayscale):
                 lum = luma(x).unsqueeze(1).expand(-1, op.channels, -1, -1)
                 x = lum if op.slot is None else torch.where(_flag(p, op.slot), lum, x)

@@ -1,0 +1,56 @@
+"""Time of each op of the torch stage (the heavy chain's tail after DALI's crop and resize) on one
+batch, with CUDA events: where the heavy pipeline's GPU time goes.
+
+    python benchmarks/torch_stage_profile.py --batch 128 --size 224
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+import torchvision.transforms as T
+
+from dali_autoproxy.planning import build_plan
+from dali_autoproxy.torch_stage import TorchStage, split
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--repeat", type=int, default=20)
+    a = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    plan = build_plan(T.Compose([T.RandomResizedCrop(a.size), T.RandomHorizontalFlip(),
+                                 T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.2),
+                                 T.GaussianBlur(9, (0.1, 2.0)), T.ToTensor(), T.Normalize(MEAN, STD),
+                                 T.RandomErasing()]), "encoded")
+    _, ops = split(plan.ops)
+    torch.manual_seed(0)
+    params = np.array([plan.draw(400, 500) for _ in range(a.batch)])
+    x = torch.randint(0, 256, (a.batch, a.size, a.size, 3), dtype=torch.uint8, device=dev)
+
+    def timed(fn) -> float:
+        fn()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(a.repeat):
+            fn()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t) / a.repeat * 1000
+    rows = {"whole stage": timed(lambda: TorchStage(ops)(x, params))}
+    for k, op in enumerate(ops):
+        rows[f"{k}: {type(op).__name__}"] = timed(lambda op=op: TorchStage([op])(x, params))
+    for name, ms in rows.items():
+        print(json.dumps({"op": name, "ms_per_batch": round(ms, 3), "images_per_s": round(a.batch / ms * 1000)}))
+
+
+if __name__ == "__main__":
+    main()
