@@ -13,7 +13,7 @@ from typing import Any, List
 import numpy as np
 import torch
 
-from .ir import Blur, ColorJitter, Crop, Erase, Flip, Grayscale, Normalize, PixelOp, Resize, ToCHW, ToFloat
+from .ir import Blur, ColorJitter, Crop, Erase, Flip, Grayscale, Normalize, PixelOp, Resize, ToCHW, ToFloat, Warp
 from .planning import Plan
 
 
@@ -77,6 +77,10 @@ def run_plan(plan: Plan, img: Any, params: List[float]) -> torch.Tensor:
                        "posterize": lambda: F.posterize(img, 8 - (255 - op.arg).bit_length())}[op.kind]()
         elif isinstance(op, ColorJitter):
             img = _jitter(img, op, params)
+        elif isinstance(op, Warp):  # what torchvision's rotate/affine ask of Pillow
+            fill = tuple(int(v) for v in op.fill)
+            img = img.transform(img.size, Image.AFFINE, list(params[op.slot:op.slot + 6]), Image.NEAREST,
+                                fillcolor=fill if len(fill) > 1 else fill[0])
         elif isinstance(op, Grayscale):
             if op.slot is None or params[op.slot]:
                 img = F.rgb_to_grayscale(img, op.channels)

@@ -85,6 +85,14 @@ class Erase:
 
 
 @dataclass(frozen=True)
+class Warp:
+    """Pillow's nearest-neighbour affine transform (what torchvision's rotate and affine do to
+    PIL images): the inverse matrix in params[slot:slot+6], ``fill`` outside the image."""
+    slot: int
+    fill: Tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class ToFloat:
     """uint8 -> float32, multiplied by ``scale`` (1/255 for ToTensor-like conversions);
     ``divide``: computed as x / (1/scale), as v1's ToTensor does (v2's ToDtype multiplies)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
-from .ir import ChainState, Op, SampleGeometry, Step, ToCHW, Unsupported
+from .ir import ChainState, Op, SampleGeometry, Step, ToCHW, Unsupported, Warp
 from .translate import flatten, lookup, transform_name
 
 Path = Tuple[Any, ...]  # attribute names and list indices from the loader's dataset
@@ -98,6 +98,13 @@ def _translate(transforms: List[Any], input_kind: str) -> Plan:
     steps = [lookup(t)(t, state, alloc) for t in transforms]
     if not steps:
         raise Unsupported("the transform chain is empty")
+    from .torch_stage import split  # a warp is exact only in the torch stage
+    dali_part, _ = split([op for s in steps for op in s.ops])
+    stuck = [op for op in dali_part if isinstance(op, Warp)]
+    if stuck:
+        name = next(s.name for s in steps if stuck[0] in s.ops)
+        raise Unsupported(f"{name} before a resize or crop: DALI's warp does not sample as Pillow does; "
+                          "it runs in the worker")
     if state.kind != "tensor":
         raise Unsupported("the chain ends in a PIL image, which default_collate cannot batch")
     if not any(isinstance(op, ToCHW) for s in steps for op in s.ops):  # pragma: no cover

@@ -10,21 +10,23 @@ torchvision's own kernels for blur and normalisation, per-sample params from the
 """
 from __future__ import annotations
 
+import math
 from typing import List, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as nnf
 
-from .ir import Blur, ColorJitter, Erase, Flip, Grayscale, Normalize, PixelOp, ToCHW, ToFloat
+from .ir import Blur, ColorJitter, Erase, Flip, Grayscale, Normalize, PixelOp, ToCHW, ToFloat, Warp
 
-TORCH_OPS = (ColorJitter, Grayscale, PixelOp, Blur, Flip, ToFloat, Normalize, ToCHW, Erase)
+TORCH_OPS = (ColorJitter, Warp, Grayscale, PixelOp, Blur, Flip, ToFloat, Normalize, ToCHW, Erase)
+TAKES_OVER_AT = (ColorJitter, Warp)  # what DALI does slowly (jitter) or not exactly (warp)
 
 
 def split(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
-    """(DALI's ops, torch's ops): torch takes over at the first ColorJitter when it can run
-    everything from there on."""
+    """(DALI's ops, torch's ops): torch takes over at the first ColorJitter or Warp when it
+    can run everything from there on."""
     for k, op in enumerate(ops):
-        if isinstance(op, ColorJitter):
+        if isinstance(op, TAKES_OVER_AT):
             if all(isinstance(o, TORCH_OPS) for o in ops[k:]):
                 return list(ops[:k]), list(ops[k:])
             break
@@ -191,6 +193,50 @@ def gaussian_blur(x: torch.Tensor, op: Blur, params: torch.Tensor) -> torch.Tens
     return nnf.conv2d(padded, weight, groups=b * c).reshape(b, c, h, w)
 
 
+def _coord(v):
+    """Pillow's COORD: -1 below zero, else truncation."""
+    import numpy as np
+    return np.where(v < 0, -1, v.astype(np.int64))
+
+
+def warp(x: torch.Tensor, op: Warp, host) -> torch.Tensor:
+    """Pillow's nearest-neighbour ImagingTransformAffine, per sample: its scale-only path
+    (double accumulation, tabulated on the host) or its 16.16 fixed-point path (integers,
+    exact on the device); out-of-image samples get ``fill``."""
+    import numpy as np
+    b, c, h, w = x.shape
+    xs = np.empty((b, w), dtype=np.int64)
+    ys = np.empty((b, h), dtype=np.int64)
+    fixed = np.zeros((b, 6), dtype=np.int64)
+    is_fixed = np.zeros(b, dtype=bool)
+    for i, a in enumerate(host[:, op.slot:op.slot + 6].astype(np.float64)):
+        if a[1] == 0 and a[3] == 0:  # ImagingScaleAffine
+            xs[i] = _coord(np.add.accumulate(np.r_[a[2] + a[0] * 0.5, np.full(w - 1, a[0])]))
+            ys[i] = _coord(np.add.accumulate(np.r_[a[5] + a[4] * 0.5, np.full(h - 1, a[4])]))
+            continue
+        corners = [(0, 0), (w, h), (0, h), (w, 0)]
+        if not all(abs(px * a[0] + py * a[1] + a[2]) < 32768.0 and abs(px * a[3] + py * a[4] + a[5]) < 32768.0
+                   for px, py in corners):
+            raise ValueError("affine matrix outside Pillow's fixed-point range")  # replayed by PIL
+        fix = [math.floor(v * 65536.0 + 0.5) for v in
+               (a[0], a[1], a[2] + a[0] * 0.5 + a[1] * 0.5, a[3], a[4], a[5] + a[3] * 0.5 + a[4] * 0.5)]
+        fixed[i], is_fixed[i] = fix, True
+    dev = x.device
+    f = torch.as_tensor(fixed, device=dev).view(b, 6, 1, 1)
+    row = torch.arange(h, device=dev, dtype=torch.int64).view(1, h, 1)
+    col = torch.arange(w, device=dev, dtype=torch.int64).view(1, 1, w)
+    xin = (f[:, 2] + row * f[:, 1] + col * f[:, 0]) >> 16
+    yin = (f[:, 5] + row * f[:, 4] + col * f[:, 3]) >> 16
+    scale_only = torch.as_tensor(~is_fixed, device=dev).view(b, 1, 1)
+    xin = torch.where(scale_only, torch.as_tensor(xs, device=dev).view(b, 1, w), xin)
+    yin = torch.where(scale_only, torch.as_tensor(ys, device=dev).view(b, h, 1), yin)
+    inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
+    index = (yin.clamp(0, h - 1) * w + xin.clamp(0, w - 1)).view(b, 1, h * w).expand(b, c, h * w)
+    out = x.reshape(b, c, h * w).gather(2, index).view(b, c, h, w)
+    fill = torch.tensor(op.fill, device=dev, dtype=x.dtype).view(1, -1, 1, 1)
+    return torch.where(inside.unsqueeze(1), out, fill)
+
+
 def erase(x: torch.Tensor, op: Erase, params: torch.Tensor) -> torch.Tensor:
     top, left, hh, ww = (params[:, op.slot + k].view(-1, 1, 1, 1) for k in range(4))
     rows = torch.arange(x.shape[2], device=x.device, dtype=params.dtype).view(1, 1, -1, 1)
@@ -218,6 +264,8 @@ class TorchStage:
         for op in self.ops:
             if isinstance(op, ColorJitter):
                 x = color_jitter(x, op, p, host)
+            elif isinstance(op, Warp):
+                x = warp(x, op, host)
             elif isinstance(op, Grayscale):
                 lum = luma(x).unsqueeze(1).expand(-1, op.channels, -1, -1)
                 x = lum if op.slot is None else torch.where(_flag(p, op.slot), lum, x)

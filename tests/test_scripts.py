@@ -148,7 +148,7 @@ class ClassificationPresetTrain:
         return self.transforms(img)
 
 
-class TwoViews:
+class StackedViews:
     """Does more than delegate: left to the worker (and said so)."""
 
     def __init__(self, base):
@@ -168,11 +168,11 @@ def test_preset_wrapper_of_the_classification_references_is_seen_through(photo_r
 
 
 def test_a_wrapper_that_does_more_falls_back_with_its_reason(photo_root):
-    ds = image_folder(photo_root, TwoViews(T.Compose([T.RandomResizedCrop(64), T.ToTensor()])))
+    ds = image_folder(photo_root, StackedViews(T.Compose([T.RandomResizedCrop(64), T.ToTensor()])))
     ref = load_all(ds, autoproxy=False, seed=8)
     out = load_all(ds, autoproxy=True, seed=8)
     rep = last_report()
-    assert not rep["proxied"] and "TwoViews has no DALI translation" in rep["reason"], rep
+    assert not rep["proxied"] and "StackedViews has no DALI translation" in rep["reason"], rep
     for (a, la), (b, lb) in zip(ref, out):
         assert torch.equal(a, b) and torch.equal(la, lb)
 

@@ -43,7 +43,7 @@ def _load_converters() -> None:
     """Import the converter modules (they import torchvision) on first use."""
     global _loaded
     if not _loaded:
-        from . import color, compose, filters, geometry, tensor  # noqa: F401  (registration side effects)
+        from . import affine, color, compose, filters, geometry, tensor  # noqa: F401  (registration side effects)
         _loaded = True
 
 
@@ -61,9 +61,11 @@ def flatten(transform: object) -> List[object]:
         for t in transform.transforms:
             out.extend(flatten(t))
         return out
-    inner = delegate_of(transform)
-    if inner is not None:
-        return flatten(inner)
+    _load_converters()
+    if type(transform) not in _REGISTRY:  # a Lambda delegates too, but is user code
+        inner = delegate_of(transform)
+        if inner is not None:
+            return flatten(inner)
     return [transform]
 
 

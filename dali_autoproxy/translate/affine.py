@@ -1,0 +1,106 @@
+"""RandomRotation and RandomAffine on PIL images, nearest neighbour (torchvision's default).
+
+The worker draws the parameters with torchvision's own code and turns them into the inverse
+matrix exactly as torchvision and Pillow do (Pillow's ``Image.rotate`` rounds cos/sin to 15
+places; torchvision's ``_get_inverse_affine_matrix`` for RandomAffine). The warp itself runs
+in the torch stage, which reproduces Pillow's 16.16 fixed-point sampling: the result is
+Pillow's, pixel for pixel. DALI's own warp samples in float and differs on ~0.2% of the pixels,
+so a warp that the torch stage cannot take (one before a resize) stays in the worker.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
+from torchvision.transforms import InterpolationMode
+
+from ..ir import ChainState, Step, Unsupported, Warp
+from . import register, transform_name, v2_params
+from .geometry import _as_mode
+
+
+def _pil_nearest(t, state: ChainState) -> None:
+    if state.kind != "pil":
+        raise Unsupported(f"{transform_name(t)} on tensors (torch's grid_sample) is not translated; "
+                          "on PIL images it is")
+    if _as_mode(t.interpolation) != InterpolationMode.NEAREST:
+        raise Unsupported(f"{transform_name(t)} with {_as_mode(t.interpolation).value} interpolation "
+                          "(Pillow's filtered transform) is not translated; NEAREST is")
+
+
+def pil_fill(fill, channels: int) -> Tuple[float, ...]:
+    """torchvision's _parse_fill for a PIL image: the fillcolor Pillow gets, as integers."""
+    if isinstance(fill, dict):
+        raise Unsupported("a per-type fill dict is not translated")
+    if fill is None:
+        fill = 0
+    values = [fill] * channels if isinstance(fill, (int, float)) else list(fill)
+    if len(values) == 1:
+        values = values * channels
+    if len(values) != channels:
+        raise Unsupported(f"a fill of {len(values)} values for {channels} channels; torchvision would raise")
+    return tuple(float(int(v)) for v in values)
+
+
+def rotation_matrix(angle: float, width: int, height: int, center: Optional[Sequence[float]]) -> List[float]:
+    """Pillow's Image.rotate (expand=False): the inverse matrix it hands to its affine transform."""
+    if center is None:
+        center = (width / 2, height / 2)
+    a = -math.radians(angle % 360.0)
+    m = [round(math.cos(a), 15), round(math.sin(a), 15), 0.0, round(-math.sin(a), 15), round(math.cos(a), 15), 0.0]
+    m[2] = m[0] * -center[0] + m[1] * -center[1] + m[2]
+    m[5] = m[3] * -center[0] + m[4] * -center[1] + m[5]
+    m[2] += center[0]
+    m[5] += center[1]
+    return m
+
+
+@register(T.RandomRotation, v2.RandomRotation)
+def random_rotation(t, state: ChainState, alloc) -> Step:
+    _pil_nearest(t, state)
+    if t.expand:
+        raise Unsupported(f"{transform_name(t)}(expand=True) changes each image's size; not translated")
+    fill = pil_fill(t.fill if not isinstance(t.fill, dict) else t.fill, state.channels)
+    center = t.center
+    slot = alloc(6)
+    if isinstance(t, v2.Transform):
+        params = v2_params(t)
+
+        def angle_of(g) -> float:
+            return float(params([g.standin()])["angle"])
+    else:
+        degrees = t.degrees
+
+        def angle_of(g) -> float:
+            return T.RandomRotation.get_params(degrees)
+
+    def draw(g) -> None:
+        g.params += rotation_matrix(angle_of(g), g.width, g.height, center)
+    return Step(transform_name(t), [Warp(slot, fill)], draw)
+
+
+@register(T.RandomAffine, v2.RandomAffine)
+def random_affine(t, state: ChainState, alloc) -> Step:
+    from torchvision.transforms.functional import _get_inverse_affine_matrix
+    _pil_nearest(t, state)
+    fill = pil_fill(t.fill, state.channels)
+    center = t.center
+    slot = alloc(6)
+    if isinstance(t, v2.Transform):
+        params = v2_params(t)
+
+        def drawn(g):
+            p = params([g.standin()])
+            return p["angle"], p["translate"], p["scale"], p["shear"]
+    else:
+        def drawn(g):
+            return T.RandomAffine.get_params(t.degrees, t.translate, t.scale, t.shear, [g.width, g.height])
+
+    def draw(g) -> None:
+        angle, translate, scale, shear = drawn(g)
+        c = list(center) if center is not None else [g.width * 0.5, g.height * 0.5]
+        g.params += list(_get_inverse_affine_matrix(c, float(angle), [float(v) for v in translate], float(scale),
+                                                    [float(v) for v in shear]))
+    return Step(transform_name(t), [Warp(slot, fill)], draw)
