@@ -13,7 +13,8 @@ from typing import Any, List
 import numpy as np
 import torch
 
-from .ir import Blur, ColorJitter, Crop, Erase, Flip, Grayscale, Normalize, PixelOp, Resize, ToCHW, ToFloat, Warp
+from .ir import (AUGMENT_OPS, Augment, Blur, ColorJitter, Crop, Erase, Flip, Grayscale, Normalize, PixelOp, Resize,
+                 ToCHW, ToFloat, Warp)
 from .planning import Plan
 
 
@@ -81,6 +82,11 @@ def run_plan(plan: Plan, img: Any, params: List[float]) -> torch.Tensor:
             fill = tuple(int(v) for v in op.fill)
             img = img.transform(img.size, Image.AFFINE, list(params[op.slot:op.slot + 6]), Image.NEAREST,
                                 fillcolor=fill if len(fill) > 1 else fill[0])
+        elif isinstance(op, Augment):  # torchvision's own policy operation, v1 units
+            from torchvision.transforms.autoaugment import _apply_op
+            fill = [float(v) for v in op.fill]
+            img = _apply_op(img, AUGMENT_OPS[int(params[op.slot])], float(params[op.slot + 1]),
+                            interpolation=M.NEAREST, fill=fill)
         elif isinstance(op, Grayscale):
             if op.slot is None or params[op.slot]:
                 img = F.rgb_to_grayscale(img, op.channels)

@@ -92,6 +92,18 @@ class Warp:
     fill: Tuple[float, ...]
 
 
+AUGMENT_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
+               "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")
+
+
+@dataclass(frozen=True)
+class Augment:
+    """One operation of an augmentation policy per sample, as torchvision's ``_apply_op`` does it
+    on a PIL image: AUGMENT_OPS[params[slot]] with magnitude params[slot+1] (v1's units)."""
+    slot: int
+    fill: Tuple[float, ...]
+
+
 @dataclass(frozen=True)
 class ToFloat:
     """uint8 -> float32, multiplied by ``scale`` (1/255 for ToTensor-like conversions);

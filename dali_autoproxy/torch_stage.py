@@ -18,10 +18,12 @@ from typing import List, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as nnf
 
-from .ir import Blur, ColorJitter, Erase, Flip, Grayscale, Normalize, PixelOp, ToCHW, ToFloat, Warp
+from .ir import (AUGMENT_OPS, Augment, Blur, ColorJitter, Erase, Flip, Grayscale, Normalize, PixelOp, ToCHW,
+                 ToFloat, Warp)
 
-TORCH_OPS = (ColorJitter, Warp, Grayscale, PixelOp, Blur, Flip, ToFloat, Normalize, ToCHW, Erase)
-TAKES_OVER_AT = (ColorJitter, Warp)  # what DALI does slowly (jitter) or not exactly (warp)
+TORCH_OPS = (ColorJitter, Warp, Augment, Grayscale, PixelOp, Blur, Flip, ToFloat, Normalize, ToCHW, Erase)
+TAKES_OVER_AT = (ColorJitter, Warp, Augment)  # what DALI does slowly (jitter) or not exactly (warps)
+ONLY_HERE = (Warp, Augment)  # no exact DALI lowering: a plan that needs them in DALI stays in the worker
 
 
 def split(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
@@ -201,17 +203,17 @@ def _coord(v):
     return np.where(v < 0, -1, v.astype(np.int64))
 
 
-def warp(x: torch.Tensor, op: Warp, host) -> torch.Tensor:
-    """Pillow's nearest-neighbour ImagingTransformAffine, per sample: its scale-only path
-    (double accumulation, tabulated on the host) or its 16.16 fixed-point path (integers,
-    exact on the device); out-of-image samples get ``fill``."""
+def warp(x: torch.Tensor, matrices, fill: Sequence[float]) -> torch.Tensor:
+    """Pillow's nearest-neighbour ImagingTransformAffine with one inverse matrix per sample
+    (host float64 [B, 6]): its scale-only path (double accumulation, tabulated on the host)
+    or its 16.16 fixed-point path (integers, exact on the device); outside: ``fill``."""
     import numpy as np
     b, c, h, w = x.shape
     xs = np.empty((b, w), dtype=np.int64)
     ys = np.empty((b, h), dtype=np.int64)
     fixed = np.zeros((b, 6), dtype=np.int64)
     is_fixed = np.zeros(b, dtype=bool)
-    for i, a in enumerate(host[:, op.slot:op.slot + 6].astype(np.float64)):
+    for i, a in enumerate(np.asarray(matrices, dtype=np.float64)):
         if a[1] == 0 and a[3] == 0:  # ImagingScaleAffine
             xs[i] = _coord(np.add.accumulate(np.r_[a[2] + a[0] * 0.5, np.full(w - 1, a[0])]))
             ys[i] = _coord(np.add.accumulate(np.r_[a[5] + a[4] * 0.5, np.full(h - 1, a[4])]))
@@ -235,8 +237,109 @@ def warp(x: torch.Tensor, op: Warp, host) -> torch.Tensor:
     inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
     index = (yin.clamp(0, h - 1) * w + xin.clamp(0, w - 1)).view(b, 1, h * w).expand(b, c, h * w)
     out = x.reshape(b, c, h * w).gather(2, index).view(b, c, h, w)
-    fill = torch.tensor(op.fill, device=dev, dtype=x.dtype).view(1, -1, 1, 1)
-    return torch.where(inside.unsqueeze(1), out, fill)
+    fill_value = torch.tensor(fill, device=dev, dtype=x.dtype).view(1, -1, 1, 1)
+    return torch.where(inside.unsqueeze(1), out, fill_value)
+
+
+def smooth(x: torch.Tensor) -> torch.Tensor:
+    """Pillow's ImageFilter.SMOOTH (3x3, 1 1 1 / 1 5 1 / 1 1 1, divided by 13 in float32,
+    rows summed bottom to top, rounded half up; the border pixels are copied)."""
+    k1, k5 = torch.tensor(1.0) / 13.0, torch.tensor(5.0) / 13.0  # float32, as Pillow's normkernel
+    k1, k5 = k1.to(x.device), k5.to(x.device)
+
+    def row(r, weight_mid):
+        return (r[..., :-2] * k1 + r[..., 1:-1] * weight_mid) + r[..., 2:] * k1
+    below, mid, above = x[:, :, 2:, :], x[:, :, 1:-1, :], x[:, :, :-2, :]
+    ss = torch.zeros_like(mid[..., 1:-1])
+    ss = ss + row(below, k1)
+    ss = ss + row(mid, k5)
+    ss = ss + row(above, k1)
+    inner = torch.where(ss <= 0, 0.0, torch.where(ss >= 255, 255.0, torch.floor(ss + 0.5)))
+    out = x.clone()
+    out[:, :, 1:-1, 1:-1] = inner
+    return out
+
+
+def autocontrast(x: torch.Tensor) -> torch.Tensor:
+    """ImageOps.autocontrast (cutoff 0): per channel, lo..hi stretched to 0..255 in double,
+    truncated (int()), clipped; a channel with hi <= lo is left as it is."""
+    lo = x.amin(dim=(2, 3), keepdim=True).to(torch.float64)
+    hi = x.amax(dim=(2, 3), keepdim=True).to(torch.float64)
+    flat = hi <= lo
+    # a true division (255.0 / tensor would multiply by a reciprocal and round differently)
+    scale = torch.full_like(hi, 255.0) / torch.where(flat, torch.ones_like(hi), hi - lo)
+    offset = -lo * scale
+    y = torch.clamp(torch.trunc(x.to(torch.float64) * scale + offset), 0, 255)
+    return torch.where(flat, x, y.to(x.dtype))
+
+
+def equalize(x: torch.Tensor) -> torch.Tensor:
+    """ImageOps.equalize: per channel, Pillow's histogram LUT in integers."""
+    b, c, h, w = x.shape
+    xi = x.to(torch.int64).view(b * c, h * w)
+    hist = torch.zeros(b * c, 256, dtype=torch.int64, device=x.device).scatter_add_(1, xi, torch.ones_like(xi))
+    levels = torch.arange(256, device=x.device)
+    last = torch.where(hist > 0, levels, -1).amax(1, keepdim=True)       # highest used level
+    top = hist.gather(1, last.clamp(min=0))                               # histo[-1]
+    used = (hist > 0).sum(1, keepdim=True)
+    step = (hist.sum(1, keepdim=True) - top) // 255
+    keep = (used <= 1) | (step == 0)
+    safe = torch.where(keep, torch.ones_like(step), step)
+    before = torch.cumsum(hist, 1) - hist                                 # n before level i
+    lut = ((safe // 2 + before) // safe).clamp(max=255)  # Image.point clips
+    lut = torch.where(keep, levels.expand_as(lut), lut)
+    return lut.gather(1, xi).view(b, c, h, w).to(x.dtype)
+
+
+def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
+    """One policy operation per sample (torchvision's _apply_op on PIL images), each group of
+    samples that drew the same operation computed together."""
+    import numpy as np
+    from .translate.affine import rotation_matrix
+    from torchvision.transforms.functional import _get_inverse_affine_matrix
+    codes = host[:, op.slot].astype(np.int64)
+    mags = host[:, op.slot + 1].astype(np.float64)
+    h, w = x.shape[2], x.shape[3]
+    for code in np.unique(codes):
+        name = AUGMENT_OPS[code]
+        if name == "Identity":
+            continue
+        rows = np.flatnonzero(codes == code)
+        idx = torch.as_tensor(rows, device=x.device)
+        sub, m = x.index_select(0, idx), mags[rows]
+        if name in ("ShearX", "ShearY", "TranslateX", "TranslateY"):
+            mats = []
+            for v in m:
+                shear = [math.degrees(math.atan(v)), 0.0] if name == "ShearX" else \
+                    [0.0, math.degrees(math.atan(v))] if name == "ShearY" else [0.0, 0.0]
+                translate = [int(v), 0] if name == "TranslateX" else [0, int(v)] if name == "TranslateY" else [0, 0]
+                center = [0, 0] if name.startswith("Shear") else [w * 0.5, h * 0.5]
+                mats.append(_get_inverse_affine_matrix(center, 0.0, translate, 1.0, shear))
+            sub = warp(sub, mats, op.fill)
+        elif name == "Rotate":
+            sub = warp(sub, [rotation_matrix(v, w, h, None) for v in m], op.fill)
+        elif name in ("Brightness", "Color", "Contrast"):
+            which = {"Brightness": 0, "Contrast": 1, "Color": 2}[name]
+            factors = torch.ones(len(rows), 3, device=x.device)
+            factors[:, which] = torch.as_tensor(1.0 + m, device=x.device, dtype=torch.float32)
+            sub = _blend_step(sub, np.full(len(rows), which), factors)
+        elif name == "Sharpness":
+            factor = torch.as_tensor(1.0 + m, device=x.device, dtype=torch.float32).view(-1, 1, 1, 1)
+            sub = blend(smooth(sub), sub, factor)
+        elif name == "Posterize":
+            masks = torch.as_tensor([(0xFF << (8 - int(v))) & 0xFF for v in m], device=x.device).view(-1, 1, 1, 1)
+            sub = (sub.to(torch.int64) & masks).to(x.dtype)
+        elif name == "Solarize":
+            thr = torch.as_tensor(m, device=x.device).view(-1, 1, 1, 1)
+            sub = torch.where(sub.to(torch.float64) >= thr, 255 - sub, sub)
+        elif name == "AutoContrast":
+            sub = autocontrast(sub)
+        elif name == "Equalize":
+            sub = equalize(sub)
+        elif name == "Invert":
+            sub = 255 - sub
+        x = x.index_copy(0, idx, sub)
+    return x
 
 
 def erase(x: torch.Tensor, op: Erase, params: torch.Tensor) -> torch.Tensor:
@@ -267,7 +370,9 @@ class TorchStage:
             if isinstance(op, ColorJitter):
                 x = color_jitter(x, op, p, host)
             elif isinstance(op, Warp):
-                x = warp(x, op, host)
+                x = warp(x, host[:, op.slot:op.slot + 6], op.fill)
+            elif isinstance(op, Augment):
+                x = augment(x, op, host)
             elif isinstance(op, Grayscale):
                 lum = luma(x).unsqueeze(1).expand(-1, op.channels, -1, -1)
                 x = lum if op.slot is None else torch.where(_flag(p, op.slot), lum, x)

@@ -130,10 +130,13 @@ CASES: List[Case] = [
          apis=("v2",), output="float", batch=1),
     Case("ScaleJitter", lambda m: [v2.ScaleJitter((200, 200))], "worker", apis=("v2",), output="float", batch=1),
     Case("RandomResize", lambda m: [v2.RandomResize(150, 200)], "worker", apis=("v2",), output="float", batch=1),
-    # policies
+    # policies (TrivialAugmentWide and RandAugment: torch stage, exact)
     Case("AutoAugment", lambda m: [_crop(m), m.AutoAugment()], "worker", output="float"),
-    Case("RandAugment", lambda m: [_crop(m), m.RandAugment()], "worker", output="float"),
-    Case("TrivialAugmentWide", lambda m: [_crop(m), m.TrivialAugmentWide()], "worker", output="float"),
+    Case("RandAugment", lambda m: [_crop(m), m.RandAugment()], "exact"),
+    Case("RandAugment 3 ops, magnitude 15, fill", lambda m: [_crop(m), m.RandAugment(3, 15, fill=[9, 99, 199])], "exact"),
+    Case("TrivialAugmentWide", lambda m: [_crop(m), m.TrivialAugmentWide()], "exact", batch=8),
+    Case("TrivialAugmentWide before a crop", lambda m: [m.TrivialAugmentWide(), m.CenterCrop(160)], "worker",
+         output="float"),
     Case("AugMix", lambda m: [_crop(m), m.AugMix()], "worker", output="float"),
     # composition
     Case("RandomApply(ColorJitter, RandomInvert)", lambda m: [_crop(m), m.RandomApply(

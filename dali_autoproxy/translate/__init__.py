@@ -43,7 +43,7 @@ def _load_converters() -> None:
     """Import the converter modules (they import torchvision) on first use."""
     global _loaded
     if not _loaded:
-        from . import affine, color, compose, filters, geometry, tensor  # noqa: F401  (registration side effects)
+        from . import affine, color, compose, filters, geometry, policies, tensor  # noqa: F401  (registration side effects)
         _loaded = True
 
 
