@@ -130,8 +130,10 @@ CASES: List[Case] = [
          apis=("v2",), output="float", batch=1),
     Case("ScaleJitter", lambda m: [v2.ScaleJitter((200, 200))], "worker", apis=("v2",), output="float", batch=1),
     Case("RandomResize", lambda m: [v2.RandomResize(150, 200)], "worker", apis=("v2",), output="float", batch=1),
-    # policies (TrivialAugmentWide and RandAugment: torch stage, exact)
-    Case("AutoAugment", lambda m: [_crop(m), m.AutoAugment()], "worker", output="float"),
+    # policies (TrivialAugmentWide, RandAugment, AutoAugment: torch stage, exact; AugMix: worker)
+    Case("AutoAugment imagenet", lambda m: [_crop(m), m.AutoAugment()], "exact", batch=8),
+    Case("AutoAugment cifar10", lambda m: [_crop(m), m.AutoAugment(T.AutoAugmentPolicy.CIFAR10)], "exact", batch=8),
+    Case("AutoAugment svhn", lambda m: [_crop(m), m.AutoAugment(T.AutoAugmentPolicy.SVHN)], "exact", batch=8),
     Case("RandAugment", lambda m: [_crop(m), m.RandAugment()], "exact"),
     Case("RandAugment 3 ops, magnitude 15, fill", lambda m: [_crop(m), m.RandAugment(3, 15, fill=[9, 99, 199])], "exact"),
     Case("TrivialAugmentWide", lambda m: [_crop(m), m.TrivialAugmentWide()], "exact", batch=8),

@@ -1,4 +1,4 @@
-"""Augmentation policies on PIL images: TrivialAugmentWide and RandAugment (v1 and v2).
+"""Augmentation policies on PIL images: TrivialAugmentWide, RandAugment, AutoAugment (v1, v2).
 
 The worker makes torchvision's own draws, in its order (which operation, which magnitude bin,
 which sign), reading the magnitudes from the transform's own augmentation space; each chosen
@@ -71,8 +71,8 @@ def rand_augment_v1(t, state: ChainState, alloc) -> Step:
     return Step(transform_name(t), [Augment(s, fill) for s in slots], draw)
 
 
-def _v2_magnitude(t, name, magnitudes_fn, signed, g, pick) -> float:
-    magnitudes = magnitudes_fn(t.num_magnitude_bins, g.height, g.width)
+def _v2_magnitude(t, name, magnitudes_fn, signed, g, pick, bins=None) -> float:
+    magnitudes = magnitudes_fn(bins or t.num_magnitude_bins, g.height, g.width)
     if magnitudes is None:
         return 0.0
     magnitude = float(magnitudes[pick()])
@@ -111,8 +111,48 @@ def rand_augment_v2(t, state: ChainState, alloc) -> Step:
     return Step(transform_name(t), [Augment(s, fill) for s in slots], draw)
 
 
-def _unsupported_policy(t, state: ChainState, alloc) -> Step:
-    raise Unsupported(f"{transform_name(t)} is not translated yet (TrivialAugmentWide and RandAugment are)")
+@register(T.AutoAugment)
+def auto_augment_v1(t, state: ChainState, alloc) -> Step:
+    """A sub-policy per sample, each of its two operations applied with its probability
+    (Identity where not): torchvision's get_params, then its loop."""
+    fill = _policy_fill(t, state)
+    slots = [alloc(2) for _ in range(2)]
+
+    def draw(g) -> None:
+        policy_id, probs, signs = t.get_params(len(t.policies))
+        space = t._augmentation_space(10, (g.height, g.width))
+        for i, (name, p, magnitude_id) in enumerate(t.policies[policy_id]):
+            if probs[i] <= p:
+                magnitudes, signed = space[name]
+                magnitude = float(magnitudes[magnitude_id].item()) if magnitude_id is not None else 0.0
+                if signed and signs[i] == 0:
+                    magnitude *= -1.0
+                _record(g, name, magnitude)
+            else:
+                _record(g, "Identity", 0.0)
+    return Step(transform_name(t), [Augment(s, fill) for s in slots], draw)
 
 
-register(T.AutoAugment, v2.AutoAugment, T.AugMix, v2.AugMix)(_unsupported_policy)
+@register(v2.AutoAugment)
+def auto_augment_v2(t, state: ChainState, alloc) -> Step:
+    fill = _policy_fill(t, state)
+    policies = t._policies
+    if any(len(p) != 2 for p in policies):
+        raise Unsupported(f"{transform_name(t)} with sub-policies of other than two operations")
+    slots = [alloc(2) for _ in range(2)]
+
+    def draw(g) -> None:
+        policy = policies[int(torch.randint(len(policies), ()))]
+        for name, probability, magnitude_idx in policy:
+            if not torch.rand(()) <= probability:
+                _record(g, "Identity", 0.0)
+                continue
+            fn, signed = t._AUGMENTATION_SPACE[name]
+            _record(g, name, _v2_magnitude(t, name, fn, signed, g, lambda: magnitude_idx, bins=10))
+    return Step(transform_name(t), [Augment(s, fill) for s in slots], draw)
+
+
+@register(T.AugMix, v2.AugMix)
+def aug_mix(t, state: ChainState, alloc) -> Step:
+    raise Unsupported(f"{transform_name(t)} mixes chains of torchvision's *tensor* kernels in float; "
+                      "not translated (TrivialAugmentWide, RandAugment and AutoAugment are)")
