@@ -103,8 +103,8 @@ def _translate(transforms: List[Any], input_kind: str) -> Plan:
     stuck = [op for op in dali_part if isinstance(op, ONLY_HERE)]
     if stuck:
         name = next(s.name for s in steps if stuck[0] in s.ops)
-        raise Unsupported(f"{name} before a resize or crop: DALI's warp does not sample as Pillow does; "
-                          "it runs in the worker")
+        raise Unsupported(f"{name} before a resize or crop runs in the worker (its exact kernel is in the "
+                          "torch stage, after DALI's resizes; DALI's own warp does not sample as Pillow does)")
     if state.kind != "tensor":
         raise Unsupported("the chain ends in a PIL image, which default_collate cannot batch")
     if not any(isinstance(op, ToCHW) for s in steps for op in s.ops):  # pragma: no cover

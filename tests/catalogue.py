@@ -108,9 +108,10 @@ CASES: List[Case] = [
     Case("GaussianBlur rectangular kernel", lambda m: [_crop(m), m.GaussianBlur((3, 11), sigma=(1.0, 2.0))], "bound"),
     Case("GaussianBlur on a uint8 tensor", lambda m: [_crop(m), m.PILToTensor(), m.GaussianBlur(5, sigma=1.5)],
          "bound", output="own"),
-    Case("RandomAdjustSharpness", lambda m: [_crop(m), m.RandomAdjustSharpness(2.0)], "worker", output="float"),
-    Case("RandomAutocontrast", lambda m: [_crop(m), m.RandomAutocontrast()], "worker", output="float"),
-    Case("RandomEqualize", lambda m: [_crop(m), m.RandomEqualize()], "worker", output="float"),
+    Case("RandomAdjustSharpness", lambda m: [_crop(m), m.RandomAdjustSharpness(2.0)], "exact"),
+    Case("RandomAdjustSharpness 0.3, p=1", lambda m: [_crop(m), m.RandomAdjustSharpness(0.3, p=1.0)], "exact"),
+    Case("RandomAutocontrast", lambda m: [_crop(m), m.RandomAutocontrast()], "exact"),
+    Case("RandomEqualize", lambda m: [_crop(m), m.RandomEqualize()], "exact"),
     # geometry with warps
     Case("RandomRotation", lambda m: [_crop(m), m.RandomRotation(30)], "exact"),
     Case("RandomRotation centre, fill", lambda m: [_crop(m), m.RandomRotation((-90, 90), center=(20, 150),

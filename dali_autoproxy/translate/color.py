@@ -102,3 +102,33 @@ def random_grayscale(t, state: ChainState, alloc) -> Step:
     step = _to_gray(t, state, state.channels, alloc(1))
     step.draw, step.neutral = coin_drawer(float(t.p)), [0]
     return step
+
+
+def _policy_op(t, state: ChainState, alloc, name: str, magnitude: float) -> Step:
+    """A single policy operation applied with probability p (the torch stage's exact kernels)."""
+    from ..ir import AUGMENT_OPS, Augment
+    _pil_rgb_only(t, state)
+    slot = alloc(2)
+    coin = coin_drawer(float(t.p))
+    code = AUGMENT_OPS.index(name)
+
+    def draw(g) -> None:
+        coin(g)
+        applied = g.params.pop()
+        g.params += [code, magnitude] if applied else [0, 0.0]
+    return Step(transform_name(t), [Augment(slot, (0.0,) * state.channels)], draw, neutral=[0, 0.0])
+
+
+@register(T.RandomAdjustSharpness, v2.RandomAdjustSharpness)
+def random_adjust_sharpness(t, state: ChainState, alloc) -> Step:
+    return _policy_op(t, state, alloc, "Sharpness", float(t.sharpness_factor) - 1.0)
+
+
+@register(T.RandomAutocontrast, v2.RandomAutocontrast)
+def random_autocontrast(t, state: ChainState, alloc) -> Step:
+    return _policy_op(t, state, alloc, "AutoContrast", 0.0)
+
+
+@register(T.RandomEqualize, v2.RandomEqualize)
+def random_equalize(t, state: ChainState, alloc) -> Step:
+    return _policy_op(t, state, alloc, "Equalize", 0.0)
