@@ -124,6 +124,8 @@ class ProxyNode:
                 out = t(out)
         else:
             out = self.original(img)
+        if isinstance(out, np.ndarray):  # timm's ToNumpy: default_collate would make it this tensor
+            out = torch.from_numpy(out)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"dali_autoproxy: the original transform returned {type(out).__name__}, "
                             "expected a tensor")

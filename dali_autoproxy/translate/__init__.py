@@ -17,6 +17,7 @@ from ..ir import ChainState, Step, Unsupported
 
 Converter = Callable[..., Step]
 _REGISTRY: Dict[type, Converter] = {}
+_NAMED: Dict[str, Converter] = {}  # "module.QualName" of optional libraries' classes (never imported)
 
 
 def register(*types: type) -> Callable[[Converter], Converter]:
@@ -27,9 +28,23 @@ def register(*types: type) -> Callable[[Converter], Converter]:
     return deco
 
 
+def register_named(*names: str) -> Callable[[Converter], Converter]:
+    """Register by qualified class name, so that a library (timm) is recognised when a user
+    has it and never imported by us when they do not."""
+    def deco(fn: Converter) -> Converter:
+        for name in names:
+            _NAMED[name] = fn
+        return fn
+    return deco
+
+
+def _converter(cls: type):
+    return _REGISTRY.get(cls) or _NAMED.get(f"{cls.__module__}.{cls.__qualname__}")
+
+
 def lookup(transform: object) -> Converter:
     _load_converters()
-    conv = _REGISTRY.get(type(transform))
+    conv = _converter(type(transform))
     if conv is None:
         raise Unsupported(f"{type(transform).__module__}.{type(transform).__qualname__} "
                           "has no DALI translation")
@@ -43,7 +58,7 @@ def _load_converters() -> None:
     """Import the converter modules (they import torchvision) on first use."""
     global _loaded
     if not _loaded:
-        from . import affine, color, compose, filters, geometry, policies, tensor  # noqa: F401  (registration side effects)
+        from . import affine, color, compose, filters, geometry, policies, tensor, timm  # noqa: F401  (registration side effects)
         _loaded = True
 
 
@@ -62,7 +77,7 @@ def flatten(transform: object) -> List[object]:
             out.extend(flatten(t))
         return out
     _load_converters()
-    if type(transform) not in _REGISTRY:  # a Lambda delegates too, but is user code
+    if _converter(type(transform)) is None:  # a Lambda delegates too, but is user code
         inner = delegate_of(transform)
         if inner is not None:
             return flatten(inner)
@@ -117,4 +132,4 @@ def transform_name(t: object) -> str:
     return prefix + type(t).__name__
 
 
-__all__ = ["register", "lookup", "flatten", "transform_name", "coin_drawer", "v2_params", "ChainState", "Step", "Unsupported"]
+__all__ = ["register", "register_named", "lookup", "flatten", "transform_name", "coin_drawer", "v2_params", "ChainState", "Step", "Unsupported"]

@@ -81,8 +81,8 @@ def to_dtype(t, state: ChainState, alloc) -> Step:
 def normalize(t, state: ChainState, alloc) -> Step:
     if state.kind != "tensor" or state.dtype != "float32":
         raise Unsupported("Normalize needs a float tensor here; torchvision would raise")
-    mean = tuple(float(m) for m in (t.mean if isinstance(t.mean, (list, tuple)) else [t.mean]))
-    std = tuple(float(s) for s in (t.std if isinstance(t.std, (list, tuple)) else [t.std]))
+    mean = tuple(torch.as_tensor(t.mean, dtype=torch.float64).flatten().tolist())  # lists, tuples, tensors (timm)
+    std = tuple(torch.as_tensor(t.std, dtype=torch.float64).flatten().tolist())
     if len(mean) not in (1, state.channels) or len(std) not in (1, state.channels):
         raise Unsupported(f"Normalize with {len(mean)} means for {state.channels} channels")
     if any(s == 0 for s in std):

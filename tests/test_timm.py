@@ -1,0 +1,51 @@
+"""timm's transform classes (timm installed by the test extras): recognised by name, offloaded,
+with torchvision's results; and never imported by dali_autoproxy itself."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import image_folder, last_report, load_all, why_not
+from test_fidelity import compare
+
+timm_data = pytest.importorskip("timm.data")
+from timm.data.transforms import MaybePILToTensor, RandomResizedCropAndInterpolation, ToNumpy  # noqa: E402
+import torchvision.transforms as T  # noqa: E402
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_timm_create_transform_is_offloaded(photo_root, training):
+    tf = timm_data.create_transform(160, is_training=training, color_jitter=0.4)
+    ds = image_folder(photo_root, tf)
+    ref = load_all(ds, autoproxy=False, shuffle=True, seed=5)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=5)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode_on_dali"] and not rep["partial"], rep
+    compare(ref, out)  # same crops (timm's own draws), jitter exact, resize within the bound
+
+
+def test_to_numpy_and_maybe_pil_to_tensor(photo_root):
+    for last in (ToNumpy(), MaybePILToTensor()):
+        ds = image_folder(photo_root, T.Compose([RandomResizedCropAndInterpolation(96, interpolation="bicubic"), last]))
+        ref = load_all(ds, autoproxy=False, seed=2)
+        out = load_all(ds, autoproxy=True, seed=2)
+        assert last_report()["proxied"], last_report()
+        assert out[0][0].dtype == torch.uint8
+        compare(ref, out, normalized=False)
+
+
+def test_random_interpolation_and_resize_keep_ratio_say_why():
+    assert "interpolation='random'" in why_not(T.Compose([RandomResizedCropAndInterpolation(64, interpolation="random"),
+                                                          T.ToTensor()]))
+    from timm.data.transforms import ResizeKeepRatio
+    assert "ResizeKeepRatio is not translated" in why_not(T.Compose([ResizeKeepRatio(64), T.ToTensor()]))
+
+
+def test_timm_is_not_imported_by_us():
+    code = ("import sys, torchvision.transforms as T\n"
+            "from dali_autoproxy.planning import build_plan\n"
+            "build_plan(T.Compose([T.RandomResizedCrop(8), T.ToTensor()]), 'encoded')\n"
+            "print('timm' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "False", res.stderr
