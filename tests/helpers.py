@@ -51,3 +51,15 @@ def why_not(tf) -> str:
         return str(exc)
     assert plan.split_reason, "fully offloaded"
     return plan.split_reason
+
+
+def falls_back_identically(ds, reason_part: str, **kw) -> dict:
+    """Plain and autoproxied runs give the same batches, and the report says why it fell back."""
+    ref = load_all(ds, autoproxy=False, **kw)
+    out = load_all(ds, autoproxy=True, **kw)
+    rep = last_report()
+    assert not rep["proxied"] and reason_part in rep["reason"], rep
+    for a, b in zip(ref, out):
+        for u, v in zip(a, b):
+            assert torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v
+    return rep
