@@ -13,7 +13,7 @@ on the CPU right here; they travel as finished tensors and are merged back in pl
 from __future__ import annotations
 
 import io
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -29,6 +29,51 @@ def has_end_marker(data: bytes) -> bool:
     """A complete JPEG ends with EOI (FF D9), maybe followed by padding. Byte stuffing keeps
     FF D9 out of the entropy-coded data, so its absence near the end means truncation."""
     return data.rfind(b"\xff\xd9", max(0, len(data) - 4096)) != -1
+
+
+_SOF_BASELINE_PROGRESSIVE = (0xC0, 0xC1, 0xC2)  # 8-bit Huffman frames, which PIL opens as "L"/"RGB"
+_STANDALONE = set(range(0xD0, 0xD8)) | {0x01}     # markers without a length field
+
+
+def plain_jpeg_header(data: bytes) -> Optional[Tuple[str, int, int]]:
+    """(mode, width, height) of an ordinary JPEG, read from its markers in a few microseconds,
+    or None for anything else (then PIL's own header parse decides, as before). Ordinary:
+    SOI, well-formed segments, an 8-bit baseline/extended/progressive frame with 1 or 3
+    components and no Adobe marker (its colour transform is left to PIL), before the first
+    scan. PIL opens every such file as "L" or "RGB" with these dimensions."""
+    n = len(data)
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        return None
+    pos, frame = 2, None
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in _STANDALONE:
+            pos += 2
+            continue
+        length = (data[pos + 2] << 8) | data[pos + 3]
+        if length < 2 or pos + 2 + length > n:
+            return None
+        if marker == 0xEE:  # Adobe: colour transform flags
+            return None
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if marker not in _SOF_BASELINE_PROGRESSIVE or frame is not None or length < 8:
+                return None
+            precision = data[pos + 4]
+            height = (data[pos + 5] << 8) | data[pos + 6]
+            width = (data[pos + 7] << 8) | data[pos + 8]
+            components = data[pos + 9]
+            if precision != 8 or components not in (1, 3) or length != 8 + 3 * components:
+                return None
+            frame = ("L" if components == 1 else "RGB", width, height)
+        if marker == 0xDA:  # start of scan: the header is complete
+            return frame
+        pos += 2 + length
+    return None
 
 
 class EncodedImage:
@@ -92,11 +137,15 @@ class ProxyNode:
 
     def _encoded(self, enc: EncodedImage) -> ProxySample:
         from PIL import Image
-        try:
-            with Image.open(io.BytesIO(enc.data)) as header:  # parses the header, decodes nothing
-                fmt, mode, (width, height) = header.format, header.mode, header.size
-        except Exception:
-            return self._on_cpu(self._pil_load(enc.path))  # raises what torchvision raises
+        fast = plain_jpeg_header(enc.data)
+        if fast is not None:
+            fmt, (mode, width, height) = "JPEG", fast
+        else:
+            try:
+                with Image.open(io.BytesIO(enc.data)) as header:  # parses the header, decodes nothing
+                    fmt, mode, (width, height) = header.format, header.mode, header.size
+            except Exception:
+                return self._on_cpu(self._pil_load(enc.path))  # raises what torchvision raises
         if (fmt, mode) in DALI_DECODABLE and width > 0 and height > 0 and has_end_marker(enc.data):
             payload = np.frombuffer(enc.data, dtype=np.uint8)
             return ProxySample(self.plan_id, payload, self.plan.draw(height, width), enc.path)

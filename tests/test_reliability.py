@@ -423,3 +423,23 @@ def test_stuck_pipeline_ends_within_the_loader_timeout(photo_root, monkeypatch):
     same_outcomes(ref, out)
     assert elapsed < 20 and state["builds"] >= 2
     assert last_report()["cpu_path_samples"] == 4
+
+
+def test_fast_jpeg_header_agrees_with_pil_or_defers(mixed_root):
+    """Where the marker reader answers, PIL opens the file with the same mode and size (a zero
+    height goes to PIL's path, which raises); everything else it leaves to PIL."""
+    import glob
+    import io
+    from dali_autoproxy.transport import plain_jpeg_header
+    datas = [open(p, "rb").read() for p in sorted(glob.glob(f"{mixed_root[0]}/**/*.*", recursive=True))]
+    datas += [make() for make in BAD_FILES.values()]
+    datas.append(_save(BASE().convert("CMYK"), "JPEG"))
+    answered = 0
+    for d in datas:
+        fast = plain_jpeg_header(d)
+        if fast is None or fast[2] == 0:
+            continue
+        with Image.open(io.BytesIO(d)) as h:
+            assert (h.format, h.mode, h.size[0], h.size[1]) == ("JPEG",) + fast
+        answered += 1
+    assert answered >= 10
