@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .ir import (AUGMENT_OPS, Augment, Blur, ColorJitter, Crop, Erase, Flip, Grayscale, Normalize, PixelOp, Resize,
-                 ToCHW, ToFloat, Warp)
+                 TensorColorJitter, ToCHW, ToFloat, Warp)
 from .planning import Plan
 
 
@@ -78,6 +78,12 @@ def run_plan(plan: Plan, img: Any, params: List[float]) -> torch.Tensor:
                        "posterize": lambda: F.posterize(img, 8 - (255 - op.arg).bit_length())}[op.kind]()
         elif isinstance(op, ColorJitter):
             img = _jitter(img, op, params)
+        elif isinstance(op, TensorColorJitter):
+            from .torch_stage import tensor_color_jitter
+            uint8 = img.dtype == torch.uint8
+            img = tensor_color_jitter(img.unsqueeze(0).float() if uint8 else img.unsqueeze(0), op,
+                                      np.asarray([params]), uint8)[0]
+            img = img.to(torch.uint8) if uint8 else img
         elif isinstance(op, Warp):  # what torchvision's rotate/affine ask of Pillow
             fill = tuple(int(v) for v in op.fill)
             img = img.transform(img.size, Image.AFFINE, list(params[op.slot:op.slot + 6]), Image.NEAREST,

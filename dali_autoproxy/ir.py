@@ -61,6 +61,16 @@ class ColorJitter:
 
 
 @dataclass(frozen=True)
+class TensorColorJitter:
+    """ColorJitter on a tensor image: torchvision's own tensor kernels (``api`` "v1" or "v2")
+    per sample, in its drawn order params[slot:slot+4] with factors params[slot+4:slot+8]
+    (brightness, contrast, saturation, hue as torchvision's hue factor)."""
+    slot: int
+    enabled: Tuple[bool, bool, bool, bool]
+    api: str
+
+
+@dataclass(frozen=True)
 class Grayscale:
     """PIL's luma (ITU-R 601-2 in integers) to ``channels`` channels; applied where
     params[slot] is 1, or always when ``slot`` is None."""

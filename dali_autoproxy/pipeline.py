@@ -90,7 +90,11 @@ class Lowering:
         self.ops, torch_ops = split(plan.ops)
         self.torch_stage = TorchStage(torch_ops) if torch_ops else None
         # what the DALI part hands over: the plan's output, or uint8 HWC pixels for the torch stage
-        self.out_state = ChainState(channels=plan.state.channels) if torch_ops else plan.state
+        channels = 3
+        for op in self.ops:
+            if isinstance(op, Grayscale):
+                channels = op.channels
+        self.out_state = ChainState(channels=channels) if torch_ops else plan.state
 
     def _param(self, name: str, column: int, width: int, dtype, operand: bool = False) -> object:
         """A per-sample value fed from the params row; ``operand``: used in arithmetic with

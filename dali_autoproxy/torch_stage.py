@@ -18,20 +18,24 @@ from typing import List, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as nnf
 
-from .ir import (AUGMENT_OPS, Augment, Blur, ColorJitter, Erase, Flip, Grayscale, Normalize, PixelOp, ToCHW,
-                 ToFloat, Warp)
+from .ir import (AUGMENT_OPS, Augment, Blur, ColorJitter, Erase, Flip, Grayscale, Normalize, PixelOp,
+                 TensorColorJitter, ToCHW, ToFloat, Warp)
 
-TORCH_OPS = (ColorJitter, Warp, Augment, Grayscale, PixelOp, Blur, Flip, ToFloat, Normalize, ToCHW, Erase)
-TAKES_OVER_AT = (ColorJitter, Warp, Augment)  # what DALI does slowly (jitter) or not exactly (warps)
-ONLY_HERE = (Warp, Augment)  # no exact DALI lowering: a plan that needs them in DALI stays in the worker
+TORCH_OPS = (ColorJitter, TensorColorJitter, Warp, Augment, Grayscale, PixelOp, Blur, Flip, ToFloat, Normalize,
+             ToCHW, Erase)
+# what DALI does slowly (jitter) or not exactly (warps, policies, torchvision's tensor kernels)
+TAKES_OVER_AT = (ColorJitter, TensorColorJitter, Warp, Augment)
+ONLY_HERE = (Warp, Augment, TensorColorJitter)  # a plan that needs these in DALI stays in the worker
 
 
 def split(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
-    """(DALI's ops, torch's ops): torch takes over at the first ColorJitter or Warp when it
-    can run everything from there on."""
+    """(DALI's ops, torch's ops): torch takes over at the first op of TAKES_OVER_AT when it can
+    run everything from there on (and the per-pixel ops just before it)."""
     for k, op in enumerate(ops):
         if isinstance(op, TAKES_OVER_AT):
             if all(isinstance(o, TORCH_OPS) for o in ops[k:]):
+                while k > 0 and isinstance(ops[k - 1], TORCH_OPS):
+                    k -= 1  # the stage also takes what precedes it, so DALI hands over uint8 pixels
                 return list(ops[:k]), list(ops[k:])
             break
     return list(ops), []
@@ -342,6 +346,24 @@ def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
     return x
 
 
+def tensor_color_jitter(x: torch.Tensor, op: TensorColorJitter, host, integer: bool) -> torch.Tensor:
+    """torchvision's own tensor kernels, one sample at a time (each has its own factors and
+    order): the same code plain torchvision runs in the worker, here on the batch's device."""
+    if op.api == "v2":
+        import torchvision.transforms.v2.functional as F
+    else:
+        import torchvision.transforms.functional as F
+    adjust = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue]
+    out = []
+    for i, row in enumerate(host):
+        img = x[i].to(torch.uint8) if integer else x[i]
+        for which in (int(v) for v in row[op.slot:op.slot + 4]):
+            if which < 4 and op.enabled[which]:
+                img = adjust[which](img, float(row[op.slot + 4 + which]))
+        out.append(img.to(x.dtype))
+    return torch.stack(out)
+
+
 def erase(x: torch.Tensor, op: Erase, params: torch.Tensor) -> torch.Tensor:
     top, left, hh, ww = (params[:, op.slot + k].view(-1, 1, 1, 1) for k in range(4))
     rows = torch.arange(x.shape[2], device=x.device, dtype=params.dtype).view(1, 1, -1, 1)
@@ -369,6 +391,8 @@ class TorchStage:
         for op in self.ops:
             if isinstance(op, ColorJitter):
                 x = color_jitter(x, op, p, host)
+            elif isinstance(op, TensorColorJitter):
+                x = tensor_color_jitter(x, op, host, integer)
             elif isinstance(op, Warp):
                 x = warp(x, host[:, op.slot:op.slot + 6], op.fill)
             elif isinstance(op, Augment):

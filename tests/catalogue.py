@@ -96,6 +96,10 @@ CASES: List[Case] = [
     Case("ColorJitter brightness, contrast", lambda m: [_crop(m), m.ColorJitter(brightness=0.5, contrast=(0.2, 1.8))],
          "exact"),
     Case("ColorJitter saturation, hue 0.5", lambda m: [_crop(m), m.ColorJitter(saturation=(0.0, 2.0), hue=0.5)], "exact"),
+    Case("ColorJitter on a uint8 tensor (torchvision's tensor kernels)", lambda m: [
+        m.PILToTensor(), m.CenterCrop(200), m.ColorJitter(0.4, 0.4, 0.4, 0.1)], "exact", output="own"),
+    Case("ColorJitter on a float tensor", lambda m: [m.PILToTensor(), m.CenterCrop(200), m.ConvertImageDtype(torch.float32),
+                                                     m.ColorJitter(0.3, 0.3, 0.3, 0.2)], "exact", output="own"),
     Case("ColorJitter before a resize (DALI arithmetic)", lambda m: [
         m.ColorJitter(0.4, 0.4, 0.4, 0.1), m.RandomGrayscale(0.3), m.RandomResizedCrop(160)], "bound"),
     Case("Grayscale(1)", lambda m: [_crop(m), m.Grayscale()], "exact"),

@@ -46,6 +46,10 @@ TRAIN = {
     "v1": lambda: T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]),
     "v2": lambda: v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.ToImage(),
                               v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]),
+    # the recommended v2 style: tensors first, colour on tensors (torchvision's tensor kernels)
+    "v2_tensor_jitter": lambda: v2.Compose([v2.ToImage(), v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(),
+                                            v2.ColorJitter(0.4, 0.4, 0.4, 0.1), v2.ToDtype(torch.float32, scale=True),
+                                            v2.Normalize(MEAN, STD)]),
     # the representative heavy chain
     "heavy_v1": lambda: T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
                                    T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.2),

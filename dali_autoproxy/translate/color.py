@@ -9,7 +9,8 @@ from __future__ import annotations
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-from ..ir import ChainState, ColorJitter as ColorJitterOp, Grayscale as GrayscaleOp, PixelOp, Step, Unsupported
+from ..ir import (ChainState, ColorJitter as ColorJitterOp, Grayscale as GrayscaleOp, PixelOp, Step,
+                  TensorColorJitter, Unsupported)
 from . import coin_drawer, register, transform_name, v2_params
 
 
@@ -52,9 +53,15 @@ def _pil_rgb_only(t, state: ChainState) -> None:
 
 @register(T.ColorJitter, v2.ColorJitter)
 def color_jitter(t, state: ChainState, alloc) -> Step:
-    """Factors and the order permutation come from torchvision's own draw; the hue factor
-    becomes the 8-bit shift Pillow adds (``np.int32(hue * 255)`` wrapped to uint8)."""
-    _pil_rgb_only(t, state)
+    """Factors and the order permutation come from torchvision's own draw. On PIL images the
+    hue factor becomes the 8-bit shift Pillow adds (``np.int32(hue * 255)`` wrapped to uint8);
+    on tensors torchvision's tensor kernels run per sample in the torch stage."""
+    tensor = state.kind == "tensor"
+    if tensor:
+        if state.channels != 3 or state.dtype not in ("uint8", "float32"):
+            raise Unsupported(f"{transform_name(t)} on {state.channels}-channel {state.dtype} tensors")
+    else:
+        _pil_rgb_only(t, state)
     ranges = (t.brightness, t.contrast, t.saturation, t.hue)
     enabled = tuple(r is not None for r in ranges)
     slot = alloc(8)
@@ -73,9 +80,14 @@ def color_jitter(t, state: ChainState, alloc) -> Step:
         order, b, c, s, h = drawn(g)
         g.params += [int(i) for i in order]
         g.params += [1.0 if b is None else float(b), 1.0 if c is None else float(c),
-                     1.0 if s is None else float(s), 0 if h is None else int(h * 255) % 256]
+                     1.0 if s is None else float(s),
+                     (0.0 if h is None else float(h)) if tensor else (0 if h is None else int(h * 255) % 256)]
     if not any(enabled):
         return Step(transform_name(t), [], drawn, neutral=[])  # torchvision still draws the permutation
+    if tensor:
+        api = "v2" if isinstance(t, v2.Transform) else "v1"
+        return Step(transform_name(t), [TensorColorJitter(slot, enabled, api)], draw,
+                    neutral=[4, 4, 4, 4, 1.0, 1.0, 1.0, 0.0])
     # position index 4 matches no adjustment: the image passes through unchanged
     return Step(transform_name(t), [ColorJitterOp(slot, enabled)], draw, neutral=[4, 4, 4, 4, 1.0, 1.0, 1.0, 0])
 
