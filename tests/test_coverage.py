@@ -26,7 +26,7 @@ def test_crop_larger_than_image_raises_as_torchvision(photo_root):
 
 def test_untranslated_colour_settings_say_why():
     for tf, reason in [
-        (T.Compose([T.ToTensor(), T.ColorJitter(0.4)]), "on tensors"),
+        (T.Compose([T.ToTensor(), T.RandomGrayscale(0.5)]), "on tensors"),
         (T.Compose([T.ToTensor(), T.RandomErasing(value="random")]), "normal noise"),
         (T.Compose([T.RandomErasing(), T.ToTensor()]), "float tensors only"),
         (T.Compose([T.RandomApply([T.RandomResizedCrop(64)]), T.ToTensor()]), "cannot be skipped per sample"),
