@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .ir import (Blur, ChainState, ColorJitter, Crop, Erase, Flip, Grayscale, Normalize, PixelOp, Resize,
+from .ir import (Blur, ChainState, Crop, Erase, Flip, Grayscale, Normalize, PixelOp, Resize,
                  ToCHW, ToFloat)
 from .planning import Plan
 from .torch_stage import TorchStage, split
@@ -165,14 +165,6 @@ class Lowering:
             else:  # posterize
                 y = x + flag * ((x & op.arg) - x)
             return fn.cast(y, dtype=types.UINT8)
-        if isinstance(op, ColorJitter):
-            from . import dali_color
-            order = [self._param(f"order{op.slot}_{k}", op.slot + k, 1, np.float32, True)
-                     for k in range(4)] if any(op.enabled[:3]) else None
-            factors = [self._param(f"factor{op.slot}_{k}", op.slot + 4 + k, 1, np.float32, True)
-                       if op.enabled[k] else None for k in range(3)]  # an unused source is an error
-            shift = self._param(f"shift{op.slot}", op.slot + 7, 1, np.float32, True) if op.enabled[3] else None
-            return dali_color.color_jitter(img, order, factors, shift, op.enabled)
         if isinstance(op, Grayscale):
             from . import dali_color
             apply = None if op.slot is None else self._param(f"gray{op.slot}", op.slot, 1, np.float32, True)

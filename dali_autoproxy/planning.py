@@ -104,7 +104,7 @@ def _translate(transforms: List[Any], input_kind: str) -> Plan:
     if stuck:
         name = next(s.name for s in steps if stuck[0] in s.ops)
         raise Unsupported(f"{name} before a resize or crop runs in the worker (its exact kernel is in the "
-                          "torch stage, after DALI's resizes; DALI's own warp does not sample as Pillow does)")
+                          "torch stage, which follows DALI's resizes)")
     if state.kind != "tensor":
         raise Unsupported("the chain ends in a PIL image, which default_collate cannot batch")
     if not any(isinstance(op, ToCHW) for s in steps for op in s.ops):  # pragma: no cover

@@ -6,9 +6,8 @@ H200: the heavy augmentation chain at 1,800 images/s, against 11,800 for DALI's 
 color_twist). As torch ops on one [B, C, H, W] batch they take ~5 ms per 128 images. So when a
 plan holds a ColorJitter, DALI decodes, crops and resizes, and from the ColorJitter on the ops
 run here. Rotations and affine warps too: Pillow samples them in 16.16 fixed point, which
-integer torch ops reproduce exactly and DALI's float warp does not. Here: the arithmetic of
-``dali_color`` (exact against Pillow), torchvision's own kernels for blur and normalisation,
-per-sample params from the worker.
+integer torch ops reproduce exactly and DALI's float warp does not. Here: Pillow's arithmetic
+(exact), torchvision's own kernels for blur and normalisation, per-sample params from the worker.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ TORCH_OPS = (ColorJitter, TensorColorJitter, Warp, Augment, Grayscale, PixelOp, 
              ToCHW, Erase)
 # what DALI does slowly (jitter) or not exactly (warps, policies, torchvision's tensor kernels)
 TAKES_OVER_AT = (ColorJitter, TensorColorJitter, Warp, Augment)
-ONLY_HERE = (Warp, Augment, TensorColorJitter)  # a plan that needs these in DALI stays in the worker
+ONLY_HERE = (ColorJitter, Warp, Augment, TensorColorJitter)  # needed in DALI: the plan stays in the worker
 
 
 def split(ops: Sequence[object]) -> Tuple[List[object], List[object]]:

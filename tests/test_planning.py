@@ -89,4 +89,4 @@ def test_torch_stage_takes_over_at_colour_jitter_only_when_it_can_finish():
     dali_ops, torch_ops = split(late.ops)
     assert [type(op) for op in dali_ops] == [Crop, Resize] and isinstance(torch_ops[0], ColorJitter)
     early = build_plan(T.Compose([T.ColorJitter(0.4), T.RandomResizedCrop(64), T.ToTensor()]), "encoded")
-    assert split(early.ops)[1] == []  # a resize after it: all in DALI (dali_color's arithmetic)
+    assert early.worker_names == ["ColorJitter"] and split(early.ops)[1] == []  # a resize after it: worker
