@@ -86,4 +86,4 @@ def test_catalogue_covers_every_module_level_image_transform():
     classes = [n for n in dir(T) if n[0].isupper() and isinstance(getattr(T, n), type)]
     missing = [n for n in classes if n not in names and n not in skip]
     assert not missing, missing
-    assert np.all([c.expect in ("exact", "bound", "worker") for c in CASES])
+    assert all(c.expect in ("exact", "bound", "worker") for c in CASES), "unknown expectation"

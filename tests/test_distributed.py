@@ -64,28 +64,47 @@ def _two_gpus() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() >= 2
 
 
+def _torchrun_both_arms(photo_root, tmp_path, extra_env, ports):
+    """The unchanged DDP script under torchrun --nproc_per_node=2, plain and with DALI_AUTOPROXY=1."""
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ddp_train.py")
+    runs = {}
+    for arm, port in zip(("plain", "autoproxy"), ports):
+        out = tmp_path / arm
+        out.mkdir()
+        env = dict(os.environ, DALI_AUTOPROXY="1" if arm == "autoproxy" else "0", DALI_AUTOPROXY_LOG="INFO",
+                   **extra_env)
+        res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                              f"--master_port={port}", script, photo_root, str(out)],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-4000:]
+        runs[arm] = [torch.load(out / f"rank{r}.pt") for r in range(2)]
+        if arm == "autoproxy":
+            assert "proxied to DALI" in res.stderr, res.stderr[-3000:]
+    return runs
+
+
+def test_torchrun_with_the_environment_switch(photo_root, tmp_path):
+    """CPU twin of the two-GPU test: torchrun, gloo, DALI_AUTOPROXY=1 through the start-up hook
+    in every rank, DALI's CPU backend; each rank gets plain torchvision's samples."""
+    from test_fidelity import compare
+    runs = _torchrun_both_arms(photo_root, tmp_path, {"DALI_AUTOPROXY_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""},
+                               (29527, 29528))
+    for rank in range(2):
+        plain, auto = runs["plain"][rank], runs["autoproxy"][rank]
+        assert {b[2] for b in auto["batches"]} == {"cpu"}
+        compare([(x, y) for x, y, _ in plain["batches"]], [(x, y) for x, y, _ in auto["batches"]])
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(not _two_gpus(), reason="needs two CUDA GPUs (CPU twin: test_two_ranks_get_torchvisions_samples)")
+@pytest.mark.skipif(not _two_gpus(), reason="needs two CUDA GPUs (CPU twin: test_torchrun_with_the_environment_switch)")
 def test_torchrun_two_gpus_each_rank_on_its_own_device(photo_root, tmp_path):
     """torchrun --nproc_per_node=2 on an unchanged DDP script, plain and with DALI_AUTOPROXY=1:
     each rank's batches arrive on its own GPU, no rank holds a context on the other GPU, and the
     samples (labels, crops) are plain torchvision's."""
-    import subprocess
-    import sys
     from test_fidelity import compare
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ddp_train.py")
-    runs = {}
-    for arm in ("plain", "autoproxy"):
-        out = tmp_path / arm
-        out.mkdir()
-        env = dict(os.environ, DALI_AUTOPROXY="1" if arm == "autoproxy" else "0", DALI_AUTOPROXY_LOG="INFO")
-        res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                              "--master_port=29517" if arm == "plain" else "--master_port=29518",
-                              script, photo_root, str(out)], env=env, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stderr[-4000:]
-        runs[arm] = [torch.load(out / f"rank{r}.pt") for r in range(2)]
-        if arm == "autoproxy":
-            assert "proxied to DALI on gpu" in res.stderr, res.stderr[-3000:]
+    runs = _torchrun_both_arms(photo_root, tmp_path, {}, (29517, 29518))
     for rank in range(2):
         plain, auto = runs["plain"][rank], runs["autoproxy"][rank]
         assert {b[2] for b in plain["batches"]} == {"cpu"}
