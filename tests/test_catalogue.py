@@ -1,7 +1,6 @@
 """Every catalogued transform (tests/catalogue.py), v1 and v2, through real DataLoader workers
 and real DALI pipelines, against plain torchvision with the same seed. Here on DALI's CPU
 backend; test_gpu.py runs the same cases on the GPU."""
-import numpy as np
 import pytest
 import torch
 
