@@ -1,7 +1,7 @@
-"""Time of each op of the torch stage (the heavy chain's tail after DALI's crop and resize) on one
-batch, with CUDA events: where the heavy pipeline's GPU time goes.
+"""Time of each op of the torch stage (a chain's tail after DALI's crop and resize) on one
+batch: where the heavy and trivialaugment pipelines' GPU time goes.
 
-    python benchmarks/torch_stage_profile.py --batch 128 --size 224
+    python benchmarks/torch_stage_profile.py --chain heavy trivialaugment --batch 128 --size 224
 """
 from __future__ import annotations
 
@@ -24,12 +24,24 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--chain", nargs="+", default=["heavy"], choices=list(CHAINS))
     a = ap.parse_args()
+    for chain in a.chain:
+        profile(chain, a)
+
+
+CHAINS = {
+    "heavy": lambda size: [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
+                           T.RandomGrayscale(0.2), T.GaussianBlur(9, (0.1, 2.0)), T.ToTensor(),
+                           T.Normalize(MEAN, STD), T.RandomErasing()],
+    "trivialaugment": lambda size: [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
+                                    T.ToTensor(), T.Normalize(MEAN, STD)],
+}
+
+
+def profile(chain: str, a) -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    plan = build_plan(T.Compose([T.RandomResizedCrop(a.size), T.RandomHorizontalFlip(),
-                                 T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.2),
-                                 T.GaussianBlur(9, (0.1, 2.0)), T.ToTensor(), T.Normalize(MEAN, STD),
-                                 T.RandomErasing()]), "encoded")
+    plan = build_plan(T.Compose(CHAINS[chain](a.size)), "encoded")
     _, ops = split(plan.ops)
     torch.manual_seed(0)
     params = np.array([plan.draw(400, 500) for _ in range(a.batch)])
@@ -49,7 +61,8 @@ def main() -> None:
     for k, op in enumerate(ops):
         rows[f"{k}: {type(op).__name__}"] = timed(lambda op=op: TorchStage([op])(x, params))
     for name, ms in rows.items():
-        print(json.dumps({"op": name, "ms_per_batch": round(ms, 3), "images_per_s": round(a.batch / ms * 1000)}))
+        print(json.dumps({"chain": chain, "op": name, "ms_per_batch": round(ms, 3),
+                          "images_per_s": round(a.batch / ms * 1000)}))
 
 
 if __name__ == "__main__":
