@@ -44,6 +44,28 @@ def _per_sample(col: torch.Tensor) -> torch.Tensor:
     return col.view(-1, 1, 1)
 
 
+def upload(values, device: torch.device, dtype=None) -> torch.Tensor:
+    """Host numbers onto ``device`` without stopping the host: through pinned memory, queued on
+    the current stream. (A pageable copy waits for all queued GPU work, and the stage makes a
+    few per batch: every one of them would serialise the main thread with the GPU.)"""
+    import numpy as np
+    t = torch.as_tensor(np.asarray(values), dtype=dtype)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+_CONSTANTS: dict = {}
+
+
+def constant(values: Sequence[float], device: torch.device, dtype=torch.float32) -> torch.Tensor:
+    """A small per-channel constant (mean, std, fill) as [1, C, 1, 1], uploaded once per device."""
+    key = (tuple(values), str(device), dtype)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.tensor(list(values), dtype=dtype).view(1, -1, 1, 1).to(device)
+    return _CONSTANTS[key]
+
+
 def luma(x: torch.Tensor) -> torch.Tensor:
     """Pillow's convert("L") on [B, 3, H, W] float holding whole numbers -> [B, H, W]."""
     return torch.floor((x[:, 0] * 19595 + x[:, 1] * 38470 + x[:, 2] * 7471 + 32768) / 65536)
@@ -155,11 +177,12 @@ def color_jitter(x: torch.Tensor, op: ColorJitter, params: torch.Tensor, host) -
                 k += 1
     factors = params[:, op.slot + 4:op.slot + 7].to(torch.float32)
     shift = params[:, op.slot + 7]
+    x = x.contiguous()  # written in place below (a copy only if it is a broadcast view)
     for k in range(4):
         due = np.flatnonzero(hue_after == k)
         if len(due):
-            idx = torch.as_tensor(due, device=x.device)
-            x = x.index_copy(0, idx, shift_hue(x.index_select(0, idx), shift.index_select(0, idx)))
+            idx = upload(due, x.device)
+            x.index_copy_(0, idx, shift_hue(x.index_select(0, idx), shift.index_select(0, idx)))
         if k < 3 and (steps[:, k] >= 0).any():
             x = _blend_step(x, steps[:, k], factors)
     return x
@@ -170,7 +193,7 @@ def _blend_step(x: torch.Tensor, which, factors: torch.Tensor) -> torch.Tensor:
     as ``blend(degenerate, x, factor)`` with the degenerate and factor picked per sample
     (degenerate 0 and factor 1 for nothing: exact)."""
     view = (-1, 1, 1, 1)
-    w = torch.as_tensor(which, device=x.device).view(view)
+    w = upload(which, x.device).view(view)
     degenerate = torch.zeros(x.shape[0], 1, 1, 1, device=x.device)
     if (which == 1).any() or (which == 2).any():
         lum = luma(x).unsqueeze(1)
@@ -229,26 +252,25 @@ def warp(x: torch.Tensor, matrices, fill: Sequence[float]) -> torch.Tensor:
                (a[0], a[1], a[2] + a[0] * 0.5 + a[1] * 0.5, a[3], a[4], a[5] + a[3] * 0.5 + a[4] * 0.5)]
         fixed[i], is_fixed[i] = fix, True
     dev = x.device
-    f = torch.as_tensor(fixed, device=dev).view(b, 6, 1, 1)
+    f = upload(fixed, dev).view(b, 6, 1, 1)
     row = torch.arange(h, device=dev, dtype=torch.int64).view(1, h, 1)
     col = torch.arange(w, device=dev, dtype=torch.int64).view(1, 1, w)
     xin = (f[:, 2] + row * f[:, 1] + col * f[:, 0]) >> 16
     yin = (f[:, 5] + row * f[:, 4] + col * f[:, 3]) >> 16
-    scale_only = torch.as_tensor(~is_fixed, device=dev).view(b, 1, 1)
-    xin = torch.where(scale_only, torch.as_tensor(xs, device=dev).view(b, 1, w), xin)
-    yin = torch.where(scale_only, torch.as_tensor(ys, device=dev).view(b, h, 1), yin)
+    if not is_fixed.all():
+        scale_only = upload(~is_fixed, dev).view(b, 1, 1)
+        xin = torch.where(scale_only, upload(xs, dev).view(b, 1, w), xin)
+        yin = torch.where(scale_only, upload(ys, dev).view(b, h, 1), yin)
     inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
     index = (yin.clamp(0, h - 1) * w + xin.clamp(0, w - 1)).view(b, 1, h * w).expand(b, c, h * w)
     out = x.reshape(b, c, h * w).gather(2, index).view(b, c, h, w)
-    fill_value = torch.tensor(fill, device=dev, dtype=x.dtype).view(1, -1, 1, 1)
-    return torch.where(inside.unsqueeze(1), out, fill_value)
+    return torch.where(inside.unsqueeze(1), out, constant(fill, dev, x.dtype))
 
 
 def smooth(x: torch.Tensor) -> torch.Tensor:
     """Pillow's ImageFilter.SMOOTH (3x3, 1 1 1 / 1 5 1 / 1 1 1, divided by 13 in float32,
     rows summed bottom to top, rounded half up; the border pixels are copied)."""
-    k1, k5 = torch.tensor(1.0) / 13.0, torch.tensor(5.0) / 13.0  # float32, as Pillow's normkernel
-    k1, k5 = k1.to(x.device), k5.to(x.device)
+    k1, k5 = float(torch.tensor(1.0) / 13.0), float(torch.tensor(5.0) / 13.0)  # float32, as Pillow's normkernel
 
     def row(r, weight_mid):
         return (r[..., :-2] * k1 + r[..., 1:-1] * weight_mid) + r[..., 2:] * k1
@@ -303,12 +325,13 @@ def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
     codes = host[:, op.slot].astype(np.int64)
     mags = host[:, op.slot + 1].astype(np.float64)
     h, w = x.shape[2], x.shape[3]
+    x = x.contiguous()  # each group is written back in place
     for code in np.unique(codes):
         name = AUGMENT_OPS[code]
         if name == "Identity":
             continue
         rows = np.flatnonzero(codes == code)
-        idx = torch.as_tensor(rows, device=x.device)
+        idx = upload(rows, x.device)
         sub, m = x.index_select(0, idx), mags[rows]
         if name in ("ShearX", "ShearY", "TranslateX", "TranslateY"):
             mats = []
@@ -323,17 +346,18 @@ def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
             sub = warp(sub, [rotation_matrix(v, w, h, None) for v in m], op.fill)
         elif name in ("Brightness", "Color", "Contrast"):
             which = {"Brightness": 0, "Contrast": 1, "Color": 2}[name]
-            factors = torch.ones(len(rows), 3, device=x.device)
-            factors[:, which] = torch.as_tensor(1.0 + m, device=x.device, dtype=torch.float32)
+            factors = np.ones((len(rows), 3), dtype=np.float32)
+            factors[:, which] = 1.0 + m
+            factors = upload(factors, x.device)
             sub = _blend_step(sub, np.full(len(rows), which), factors)
         elif name == "Sharpness":
-            factor = torch.as_tensor(1.0 + m, device=x.device, dtype=torch.float32).view(-1, 1, 1, 1)
+            factor = upload(1.0 + m, x.device, torch.float32).view(-1, 1, 1, 1)
             sub = blend(smooth(sub), sub, factor)
         elif name == "Posterize":
-            masks = torch.as_tensor([(0xFF << (8 - int(v))) & 0xFF for v in m], device=x.device).view(-1, 1, 1, 1)
+            masks = upload([(0xFF << (8 - int(v))) & 0xFF for v in m], x.device).view(-1, 1, 1, 1)
             sub = (sub.to(torch.int64) & masks).to(x.dtype)
         elif name == "Solarize":
-            thr = torch.as_tensor(m, device=x.device).view(-1, 1, 1, 1)
+            thr = upload(m, x.device).view(-1, 1, 1, 1)
             sub = torch.where(sub.to(torch.float64) >= thr, 255 - sub, sub)
         elif name == "AutoContrast":
             sub = autocontrast(sub)
@@ -341,7 +365,7 @@ def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
             sub = equalize(sub)
         elif name == "Invert":
             sub = 255 - sub
-        x = x.index_copy(0, idx, sub)
+        x.index_copy_(0, idx, sub)
     return x
 
 
@@ -368,8 +392,7 @@ def erase(x: torch.Tensor, op: Erase, params: torch.Tensor) -> torch.Tensor:
     rows = torch.arange(x.shape[2], device=x.device, dtype=params.dtype).view(1, 1, -1, 1)
     cols = torch.arange(x.shape[3], device=x.device, dtype=params.dtype).view(1, 1, 1, -1)
     inside = (rows >= top) & (rows < top + hh) & (cols >= left) & (cols < left + ww)
-    value = torch.tensor(op.value, device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
-    return torch.where(inside, value, x)
+    return torch.where(inside, constant(op.value, x.device, x.dtype), x)
 
 
 class TorchStage:
@@ -383,7 +406,7 @@ class TorchStage:
             return [self(o.unsqueeze(0), params[k:k + 1]).squeeze(0) for k, o in enumerate(out)]
         import numpy as np
         host = np.asarray(params)
-        p = torch.as_tensor(host, device=out.device)
+        p = upload(host, out.device)
         x = out.permute(0, 3, 1, 2)
         integer = True  # the values are whole numbers 0..255 (uint8 semantics)
         x = x.to(torch.float32)
@@ -414,9 +437,7 @@ class TorchStage:
                 x = x / round(1 / op.scale) if op.divide else x * op.scale
                 integer = False
             elif isinstance(op, Normalize):
-                mean = torch.tensor(op.mean, device=x.device).view(1, -1, 1, 1)
-                std = torch.tensor(op.std, device=x.device).view(1, -1, 1, 1)
-                x = (x - mean) / std
+                x = (x - constant(op.mean, x.device)) / constant(op.std, x.device)
             elif isinstance(op, Erase):
                 x = erase(x, op, p)
         return x.to(torch.uint8).contiguous() if integer else x.contiguous()
