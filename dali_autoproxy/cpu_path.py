@@ -13,8 +13,8 @@ from typing import Any, List
 import numpy as np
 import torch
 
-from .ir import (AUGMENT_OPS, Augment, Blur, ColorJitter, Crop, Erase, Flip, Grayscale, Normalize, PixelOp, Resize,
-                 TensorColorJitter, ToCHW, ToFloat, Warp)
+from .ir import (AUGMENT_OPS, PERSPECTIVE_IDENTITY, Augment, Blur, ColorJitter, Crop, Erase, Flip, Grayscale,
+                 Normalize, Perspective, PixelOp, Resize, TensorColorJitter, ToCHW, ToFloat, Warp)
 from .planning import Plan
 
 
@@ -52,10 +52,13 @@ def run_plan(plan: Plan, img: Any, params: List[float]) -> torch.Tensor:
     import torchvision.transforms.functional as F
     from torchvision.transforms import InterpolationMode as M
     from PIL import Image
+    import torchvision.transforms.v2.functional as F2
     if isinstance(img, np.ndarray):
         img = Image.fromarray(img)
-    for op in plan.ops:
+    for step, op in ((s, o) for s in plan.steps for o in s.ops):
         is_pil = isinstance(img, Image.Image)
+        # v2's kernels round differently from v1's (resize of uint8 tensors, blur): replay the step's own
+        v2_step = step.name.startswith("v2.")
         if isinstance(op, Crop):
             top, left, h, w = (int(v) for v in params[op.slot:op.slot + 4])
             if any(f != 0 for f in op.fill):  # F.crop pads with zeros: pad with the fill first
@@ -68,7 +71,8 @@ def run_plan(plan: Plan, img: Any, params: List[float]) -> torch.Tensor:
             size = list(op.size) if op.size is not None else [int(v) for v in params[op.slot:op.slot + 2]]
             mode = {"linear": M.BILINEAR, "cubic": M.BICUBIC,
                     "nn": M.NEAREST if is_pil else M.NEAREST_EXACT}[op.interp]
-            img = F.resize(img, size, interpolation=mode, antialias=op.antialias if not is_pil else True)
+            resize = (F2 if v2_step and not is_pil else F).resize
+            img = resize(img, size, interpolation=mode, antialias=op.antialias if not is_pil else True)
         elif isinstance(op, Flip):
             if params[op.slot]:
                 img = F.vflip(img) if op.vertical else F.hflip(img)
@@ -88,6 +92,12 @@ def run_plan(plan: Plan, img: Any, params: List[float]) -> torch.Tensor:
             fill = tuple(int(v) for v in op.fill)
             img = img.transform(img.size, Image.AFFINE, list(params[op.slot:op.slot + 6]), Image.NEAREST,
                                 fillcolor=fill if len(fill) > 1 else fill[0])
+        elif isinstance(op, Perspective):  # what torchvision's perspective asks of Pillow
+            coeffs = [float(v) for v in params[op.slot:op.slot + 8]]
+            if tuple(coeffs) != PERSPECTIVE_IDENTITY:
+                fill = tuple(int(v) for v in op.fill)
+                img = img.transform(img.size, Image.PERSPECTIVE, coeffs, Image.BILINEAR if op.bilinear else
+                                    Image.NEAREST, fillcolor=fill if len(fill) > 1 else fill[0])
         elif isinstance(op, Augment):  # torchvision's own policy operation, v1 units
             from torchvision.transforms.autoaugment import _apply_op
             fill = [float(v) for v in op.fill]
@@ -98,7 +108,7 @@ def run_plan(plan: Plan, img: Any, params: List[float]) -> torch.Tensor:
                 img = F.rgb_to_grayscale(img, op.channels)
         elif isinstance(op, Blur):
             sigma_y, sigma_x = params[op.slot], params[op.slot + 1]
-            img = F.gaussian_blur(img, [op.kernel[1], op.kernel[0]], [sigma_x, sigma_y])
+            img = (F2 if v2_step else F).gaussian_blur(img, [op.kernel[1], op.kernel[0]], [sigma_x, sigma_y])
         elif isinstance(op, Erase):
             top, left, h, w = (int(v) for v in params[op.slot:op.slot + 4])
             if h and w:

@@ -102,6 +102,19 @@ class Warp:
     fill: Tuple[float, ...]
 
 
+PERSPECTIVE_IDENTITY = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Perspective:
+    """Pillow's perspective transform (what torchvision's perspective does to PIL images): its 8
+    coefficients in params[slot:slot+8] (PERSPECTIVE_IDENTITY: not applied), nearest or
+    bilinear sampling, ``fill`` outside the image."""
+    slot: int
+    fill: Tuple[float, ...]
+    bilinear: bool
+
+
 AUGMENT_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
                "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")
 

@@ -17,14 +17,14 @@ from typing import List, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as nnf
 
-from .ir import (AUGMENT_OPS, Augment, Blur, ColorJitter, Erase, Flip, Grayscale, Normalize, PixelOp,
-                 TensorColorJitter, ToCHW, ToFloat, Warp)
+from .ir import (AUGMENT_OPS, PERSPECTIVE_IDENTITY, Augment, Blur, ColorJitter, Erase, Flip, Grayscale, Normalize,
+                 Perspective, PixelOp, TensorColorJitter, ToCHW, ToFloat, Warp)
 
-TORCH_OPS = (ColorJitter, TensorColorJitter, Warp, Augment, Grayscale, PixelOp, Blur, Flip, ToFloat, Normalize,
-             ToCHW, Erase)
+TORCH_OPS = (ColorJitter, TensorColorJitter, Warp, Perspective, Augment, Grayscale, PixelOp, Blur, Flip, ToFloat,
+             Normalize, ToCHW, Erase)
 # what DALI does slowly (jitter) or not exactly (warps, policies, torchvision's tensor kernels)
-TAKES_OVER_AT = (ColorJitter, TensorColorJitter, Warp, Augment)
-ONLY_HERE = (ColorJitter, Warp, Augment, TensorColorJitter)  # needed in DALI: the plan stays in the worker
+TAKES_OVER_AT = (ColorJitter, TensorColorJitter, Warp, Perspective, Augment)
+ONLY_HERE = TAKES_OVER_AT  # needed in DALI: the plan stays in the worker
 
 
 def split(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
@@ -267,6 +267,51 @@ def warp(x: torch.Tensor, matrices, fill: Sequence[float]) -> torch.Tensor:
     return torch.where(inside.unsqueeze(1), out, constant(fill, dev, x.dtype))
 
 
+def perspective(x: torch.Tensor, coeffs, fill: Sequence[float], bilinear: bool) -> torch.Tensor:
+    """Pillow's ImagingGenericTransform with perspective_transform (host float64 [B, 8]) and its
+    nearest (COORD) or bilinear_filter32RGB sampler, in float64 with the C's operation order:
+    every product and sum is its own torch op, so nothing is fused and each rounds as the C's
+    does. Samples whose coefficients are the identity (not drawn) are left alone."""
+    import numpy as np
+    coeffs = np.asarray(coeffs, dtype=np.float64)
+    todo = np.flatnonzero(~np.all(coeffs == np.asarray(PERSPECTIVE_IDENTITY), axis=1))
+    if not len(todo):
+        return x
+    x = x.contiguous()  # written back in place
+    dev = x.device
+    idx = upload(todo, dev)
+    src = x.index_select(0, idx).to(torch.float64)
+    n, c, h, w = src.shape
+    a = upload(coeffs[todo], dev).view(n, 8, 1, 1).unbind(1)
+    col = (torch.arange(w, device=dev, dtype=torch.float64) + 0.5).view(1, 1, w)
+    row = (torch.arange(h, device=dev, dtype=torch.float64) + 0.5).view(1, h, 1)
+    den = a[6] * col + a[7] * row + 1
+    xin = (a[0] * col + a[1] * row + a[2]) / den
+    yin = (a[3] * col + a[4] * row + a[5]) / den
+    inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)  # also false for NaN
+    flat = src.reshape(n, c, h * w)
+
+    def tap(yy: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
+        index = (yy.clamp(0, h - 1) * w + xx.clamp(0, w - 1)).view(n, 1, h * w).expand(n, c, h * w)
+        return flat.gather(2, index).view(n, c, h, w)
+    xin, yin = torch.where(inside, xin, 0.5), torch.where(inside, yin, 0.5)
+    if not bilinear:
+        out = tap(yin.to(torch.int64), xin.to(torch.int64))  # COORD: truncation (>= 0 here)
+    else:
+        xs, ys = xin - 0.5, yin - 0.5
+        fx, fy = torch.floor(xs), torch.floor(ys)
+        dx, dy = (xs - fx).unsqueeze(1), (ys - fy).unsqueeze(1)
+        ix, iy = fx.to(torch.int64), fy.to(torch.int64)
+        top_l, top_r = tap(iy, ix), tap(iy, ix + 1)
+        v1 = top_l + (top_r - top_l) * dx
+        bot_l, bot_r = tap(iy + 1, ix), tap(iy + 1, ix + 1)
+        v2 = torch.where(((iy + 1) < h).unsqueeze(1), bot_l + (bot_r - bot_l) * dx, v1)
+        out = torch.trunc(v1 + (v2 - v1) * dy)
+    out = torch.where(inside.unsqueeze(1), out, constant(fill, dev, torch.float64))
+    x.index_copy_(0, idx, out.to(x.dtype))
+    return x
+
+
 def smooth(x: torch.Tensor) -> torch.Tensor:
     """Pillow's ImageFilter.SMOOTH (3x3, 1 1 1 / 1 5 1 / 1 1 1, divided by 13 in float32,
     rows summed bottom to top, rounded half up; the border pixels are copied)."""
@@ -417,6 +462,8 @@ class TorchStage:
                 x = tensor_color_jitter(x, op, host, integer)
             elif isinstance(op, Warp):
                 x = warp(x, host[:, op.slot:op.slot + 6], op.fill)
+            elif isinstance(op, Perspective):
+                x = perspective(x, host[:, op.slot:op.slot + 8], op.fill, op.bilinear)
             elif isinstance(op, Augment):
                 x = augment(x, op, host)
             elif isinstance(op, Grayscale):

@@ -86,3 +86,26 @@ def test_catalogue_covers_every_module_level_image_transform():
     missing = [n for n in classes if n not in names and n not in skip]
     assert not missing, missing
     assert all(c.expect in ("exact", "bound", "worker") for c in CASES), "unknown expectation"
+
+
+@pytest.mark.parametrize("case,api", [p for p in PARAMS if p.values[0].expect != "worker"])
+def test_cpu_replay_of_the_plan_equals_torchvision(photo_root, case, api):
+    """When DALI fails on a batch, its samples are recomputed by cpu_path.run_plan from the
+    params the worker drew. That replay must be torchvision's own result (for every offloaded
+    case, exact, also where DALI's resampling is only bounded), else a DALI hiccup would
+    silently change the augmentation."""
+    import pathlib
+    from PIL import Image
+    from dali_autoproxy.cpu_path import run_plan
+    from dali_autoproxy.planning import build_plan
+    chain = case.chain(api)
+    plan = build_plan(chain, "encoded")
+    for k, path in enumerate(sorted(pathlib.Path(photo_root).rglob("*.jpg"))[:3]):
+        with Image.open(path) as f:
+            img = f.convert("RGB")
+        torch.manual_seed(100 + k)
+        ref = chain(img)
+        torch.manual_seed(100 + k)
+        out = run_plan(plan, img, plan.draw(img.size[1], img.size[0]))
+        assert out.dtype == ref.dtype and out.shape == ref.shape
+        assert (out.double() - ref.double()).abs().max() <= (0 if ref.dtype == torch.uint8 else 1e-6), path

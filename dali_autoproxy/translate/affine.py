@@ -1,4 +1,5 @@
-"""RandomRotation and RandomAffine on PIL images, nearest neighbour (torchvision's default).
+"""RandomRotation and RandomAffine (nearest neighbour, torchvision's default) and
+RandomPerspective (nearest or bilinear) on PIL images.
 
 The worker draws the parameters with torchvision's own code and turns them into the inverse
 matrix exactly as torchvision and Pillow do (Pillow's ``Image.rotate`` rounds cos/sin to 15
@@ -6,6 +7,10 @@ places; torchvision's ``_get_inverse_affine_matrix`` for RandomAffine). The warp
 in the torch stage, which reproduces Pillow's 16.16 fixed-point sampling: the result is
 Pillow's, pixel for pixel. DALI's own warp samples in float and differs on ~0.2% of the pixels,
 so a warp that the torch stage cannot take (one before a resize) stays in the worker.
+
+RandomPerspective: the worker makes torchvision's draw and its own coefficients
+(``_get_perspective_coeffs``); the torch stage then evaluates Pillow's generic transform in
+float64 with the C's operation order (and its bilinear filter's truncation): exact too.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
-from ..ir import ChainState, Step, Unsupported, Warp
+from ..ir import PERSPECTIVE_IDENTITY, ChainState, Perspective, Step, Unsupported, Warp
 from . import register, transform_name, v2_params
 from .geometry import _as_mode
 
@@ -104,3 +109,37 @@ def random_affine(t, state: ChainState, alloc) -> Step:
         g.params += list(_get_inverse_affine_matrix(c, float(angle), [float(v) for v in translate], float(scale),
                                                     [float(v) for v in shear]))
     return Step(transform_name(t), [Warp(slot, fill)], draw)
+
+
+@register(T.RandomPerspective, v2.RandomPerspective)
+def random_perspective(t, state: ChainState, alloc) -> Step:
+    import torch
+    from torchvision.transforms.functional import _get_perspective_coeffs
+    if state.kind != "pil":
+        raise Unsupported(f"{transform_name(t)} on tensors (torch's grid_sample) is not translated; "
+                          "on PIL images it is")
+    mode = _as_mode(t.interpolation)
+    if mode not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
+        raise Unsupported(f"{transform_name(t)} with {mode.value} interpolation (Pillow's bicubic filter) "
+                          "is not translated; NEAREST and BILINEAR are")
+    fill = pil_fill(t.fill, state.channels)
+    slot, p = alloc(8), float(t.p)
+    if isinstance(t, v2.Transform):
+        params = v2_params(t)
+
+        def coefficients(g) -> Optional[List[float]]:
+            if torch.rand(1) >= p:  # v2's _RandomApplyTransform
+                return None
+            return params([g.standin()])["coefficients"]
+    else:
+        def coefficients(g) -> Optional[List[float]]:
+            if not torch.rand(1) < p:
+                return None
+            start, end = T.RandomPerspective.get_params(g.width, g.height, t.distortion_scale)
+            return _get_perspective_coeffs(start, end)
+
+    def draw(g) -> None:
+        coeffs = coefficients(g)
+        g.params += list(PERSPECTIVE_IDENTITY) if coeffs is None else [float(v) for v in coeffs]
+    return Step(transform_name(t), [Perspective(slot, fill, mode == InterpolationMode.BILINEAR)], draw,
+                neutral=list(PERSPECTIVE_IDENTITY))

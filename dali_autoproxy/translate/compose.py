@@ -62,12 +62,6 @@ def user_lambda(t, state: ChainState, alloc) -> Step:
     raise Unsupported(f"{transform_name(t)} runs user code; it runs in the worker")
 
 
-@register(T.RandomPerspective, v2.RandomPerspective)
-def random_perspective(t, state: ChainState, alloc) -> Step:
-    raise Unsupported(f"{transform_name(t)}: Pillow's perspective transform (float coefficients, generic "
-                      "sampler) is not reproduced yet; it runs in the worker")
-
-
 @register(T.FiveCrop, v2.FiveCrop, T.TenCrop, v2.TenCrop)
 def multi_crop(t, state: ChainState, alloc) -> Step:
     raise Unsupported(f"{transform_name(t)} returns a tuple of crops, which the user's next step stacks; "
