@@ -58,6 +58,30 @@ def profile(chain: str, a) -> None:
             torch.cuda.synchronize()
         return (time.perf_counter() - t) / a.repeat * 1000
     rows = {"whole stage": timed(lambda: TorchStage(ops)(x, params))}
+    if dev == "cuda":  # host-bound or GPU-bound? the launch time of one batch against its GPU time
+        stage = TorchStage(ops)
+        torch.cuda.synchronize()
+        host, total = [], []
+        for _ in range(a.repeat):
+            t0 = time.perf_counter()
+            stage(x, params)
+            host.append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+            total.append(time.perf_counter() - t0)
+        print(json.dumps({"chain": chain, "host_ms_to_queue_one_batch": round(1000 * float(np.median(host)), 3),
+                          "ms_until_the_gpu_is_done": round(1000 * float(np.median(total)), 3)}))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            stage(x, params)
+            torch.cuda.synchronize()
+        events = prof.key_averages()
+
+        def gpu(e) -> float:  # microseconds; the attribute was self_cuda_time_total in older torch
+            return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        gpu_us = sum(gpu(e) for e in events)
+        print(json.dumps({"chain": chain, "gpu_kernel_ms_per_batch": round(gpu_us / 1000, 3),
+                          "kernels": int(sum(e.count for e in events if gpu(e) > 0)),
+                          "top": [(e.key[:60], round(gpu(e) / 1000, 3)) for e in
+                                  sorted(events, key=lambda e: -gpu(e))[:8]]}))
     for k, op in enumerate(ops):
         rows[f"{k}: {type(op).__name__}"] = timed(lambda op=op: TorchStage([op])(x, params))
     for name, ms in rows.items():

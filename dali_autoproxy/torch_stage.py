@@ -232,25 +232,22 @@ def _coord(v):
 def warp(x: torch.Tensor, matrices, fill: Sequence[float]) -> torch.Tensor:
     """Pillow's nearest-neighbour ImagingTransformAffine with one inverse matrix per sample
     (host float64 [B, 6]): its scale-only path (double accumulation, tabulated on the host)
-    or its 16.16 fixed-point path (integers, exact on the device); outside: ``fill``."""
+    or its 16.16 fixed-point path (integers, exact on the device); outside: ``fill``. The host
+    part is vectorised over the batch with the C's operation order (accumulate is sequential)."""
     import numpy as np
     b, c, h, w = x.shape
-    xs = np.empty((b, w), dtype=np.int64)
-    ys = np.empty((b, h), dtype=np.int64)
-    fixed = np.zeros((b, 6), dtype=np.int64)
-    is_fixed = np.zeros(b, dtype=bool)
-    for i, a in enumerate(np.asarray(matrices, dtype=np.float64)):
-        if a[1] == 0 and a[3] == 0:  # ImagingScaleAffine
-            xs[i] = _coord(np.add.accumulate(np.r_[a[2] + a[0] * 0.5, np.full(w - 1, a[0])]))
-            ys[i] = _coord(np.add.accumulate(np.r_[a[5] + a[4] * 0.5, np.full(h - 1, a[4])]))
-            continue
-        corners = [(0, 0), (w, h), (0, h), (w, 0)]
-        if not all(abs(px * a[0] + py * a[1] + a[2]) < 32768.0 and abs(px * a[3] + py * a[4] + a[5]) < 32768.0
-                   for px, py in corners):
-            raise ValueError("affine matrix outside Pillow's fixed-point range")  # replayed by PIL
-        fix = [math.floor(v * 65536.0 + 0.5) for v in
-               (a[0], a[1], a[2] + a[0] * 0.5 + a[1] * 0.5, a[3], a[4], a[5] + a[3] * 0.5 + a[4] * 0.5)]
-        fixed[i], is_fixed[i] = fix, True
+    a = np.asarray(matrices, dtype=np.float64).reshape(b, 6)
+    a0, a1, a2, a3, a4, a5 = (a[:, k:k + 1] for k in range(6))
+    is_fixed = ~((a[:, 1] == 0) & (a[:, 3] == 0))  # else ImagingScaleAffine
+    xs = _coord(np.add.accumulate(np.concatenate([a2 + a0 * 0.5, np.repeat(a0, w - 1, 1)], 1), axis=1))
+    ys = _coord(np.add.accumulate(np.concatenate([a5 + a4 * 0.5, np.repeat(a4, h - 1, 1)], 1), axis=1))
+    px, py = np.array([[0.0, w, 0.0, w]]), np.array([[0.0, h, h, 0.0]])  # the corners Pillow checks
+    in_range = (np.abs(px * a0 + py * a1 + a2) < 32768.0) & (np.abs(px * a3 + py * a4 + a5) < 32768.0)
+    if not in_range[is_fixed].all():
+        raise ValueError("affine matrix outside Pillow's fixed-point range")  # replayed by PIL
+    fixed = np.floor(np.concatenate([a0, a1, a2 + a0 * 0.5 + a1 * 0.5, a3, a4, a5 + a3 * 0.5 + a4 * 0.5], 1)
+                     * 65536.0 + 0.5)
+    fixed = np.where(is_fixed[:, None], fixed, 0).astype(np.int64)
     dev = x.device
     f = upload(fixed, dev).view(b, 6, 1, 1)
     row = torch.arange(h, device=dev, dtype=torch.int64).view(1, h, 1)
