@@ -358,54 +358,63 @@ def equalize(x: torch.Tensor) -> torch.Tensor:
     return lut.gather(1, xi).view(b, c, h, w).to(x.dtype)
 
 
-def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
-    """One policy operation per sample (torchvision's _apply_op on PIL images), each group of
-    samples that drew the same operation computed together."""
-    import numpy as np
-    from .translate.affine import rotation_matrix
+_GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+_BLENDS = {"Brightness": 0, "Contrast": 1, "Color": 2}  # _blend_step's codes
+
+
+def _policy_matrix(name: str, v: float, w: int, h: int) -> List[float]:
+    """The inverse matrix torchvision's _apply_op hands to Pillow for a geometric operation."""
     from torchvision.transforms.functional import _get_inverse_affine_matrix
+    from .translate.affine import rotation_matrix
+    if name == "Rotate":
+        return rotation_matrix(v, w, h, None)
+    shear = [math.degrees(math.atan(v)), 0.0] if name == "ShearX" else \
+        [0.0, math.degrees(math.atan(v))] if name == "ShearY" else [0.0, 0.0]
+    translate = [int(v), 0] if name == "TranslateX" else [0, int(v)] if name == "TranslateY" else [0, 0]
+    center = [0, 0] if name.startswith("Shear") else [w * 0.5, h * 0.5]
+    return list(_get_inverse_affine_matrix(center, 0.0, translate, 1.0, shear))
+
+
+def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
+    """One policy operation per sample (torchvision's _apply_op on PIL images). Samples are
+    grouped by kernel: every geometric operation is one warp (a matrix per sample), the three
+    blends one blend pass, the others a group each; a group is gathered, computed and written
+    back. Few groups matter: the stage runs on the main thread, and each costs launches."""
+    import numpy as np
     codes = host[:, op.slot].astype(np.int64)
     mags = host[:, op.slot + 1].astype(np.float64)
+    names = [AUGMENT_OPS[c] for c in codes]
     h, w = x.shape[2], x.shape[3]
+    groups: dict = {}
+    for i, name in enumerate(names):
+        if name != "Identity":
+            key = "warp" if name in _GEOMETRIC else "blend" if name in _BLENDS else name
+            groups.setdefault(key, []).append(i)
     x = x.contiguous()  # each group is written back in place
-    for code in np.unique(codes):
-        name = AUGMENT_OPS[code]
-        if name == "Identity":
-            continue
-        rows = np.flatnonzero(codes == code)
+    for key, rows in groups.items():
         idx = upload(rows, x.device)
         sub, m = x.index_select(0, idx), mags[rows]
-        if name in ("ShearX", "ShearY", "TranslateX", "TranslateY"):
-            mats = []
-            for v in m:
-                shear = [math.degrees(math.atan(v)), 0.0] if name == "ShearX" else \
-                    [0.0, math.degrees(math.atan(v))] if name == "ShearY" else [0.0, 0.0]
-                translate = [int(v), 0] if name == "TranslateX" else [0, int(v)] if name == "TranslateY" else [0, 0]
-                center = [0, 0] if name.startswith("Shear") else [w * 0.5, h * 0.5]
-                mats.append(_get_inverse_affine_matrix(center, 0.0, translate, 1.0, shear))
-            sub = warp(sub, mats, op.fill)
-        elif name == "Rotate":
-            sub = warp(sub, [rotation_matrix(v, w, h, None) for v in m], op.fill)
-        elif name in ("Brightness", "Color", "Contrast"):
-            which = {"Brightness": 0, "Contrast": 1, "Color": 2}[name]
+        if key == "warp":
+            sub = warp(sub, [_policy_matrix(names[i], mags[i], w, h) for i in rows], op.fill)
+        elif key == "blend":
+            which = np.array([_BLENDS[names[i]] for i in rows])
             factors = np.ones((len(rows), 3), dtype=np.float32)
-            factors[:, which] = 1.0 + m
-            factors = upload(factors, x.device)
-            sub = _blend_step(sub, np.full(len(rows), which), factors)
-        elif name == "Sharpness":
+            factors[np.arange(len(rows)), which] = 1.0 + m
+            sub = _blend_step(sub, which, upload(factors, x.device))
+        elif key == "Sharpness":
             factor = upload(1.0 + m, x.device, torch.float32).view(-1, 1, 1, 1)
             sub = blend(smooth(sub), sub, factor)
-        elif name == "Posterize":
+        elif key == "Posterize":
             masks = upload([(0xFF << (8 - int(v))) & 0xFF for v in m], x.device).view(-1, 1, 1, 1)
             sub = (sub.to(torch.int64) & masks).to(x.dtype)
-        elif name == "Solarize":
+        elif key == "Solarize":
             thr = upload(m, x.device).view(-1, 1, 1, 1)
             sub = torch.where(sub.to(torch.float64) >= thr, 255 - sub, sub)
-        elif name == "AutoContrast":
+        elif key == "AutoContrast":
             sub = autocontrast(sub)
-        elif name == "Equalize":
+        elif key == "Equalize":
             sub = equalize(sub)
-        elif name == "Invert":
+        elif key == "Invert":
             sub = 255 - sub
         x.index_copy_(0, idx, sub)
     return x
