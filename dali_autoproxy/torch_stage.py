@@ -164,17 +164,16 @@ def color_jitter(x: torch.Tensor, op: ColorJitter, params: torch.Tensor, host) -
     blend (one selected blend per step for the whole batch), and the hue pass runs on just
     the samples whose hue comes at that point."""
     import numpy as np
-    order = host[:, op.slot:op.slot + 4].astype(np.int64)
+    order = np.minimum(host[:, op.slot:op.slot + 4].astype(np.int64), 4)  # 4: RandomApply's "skip"
+    enabled = np.append(np.asarray(op.enabled, dtype=bool), False)
+    is_blend = (order < 3) & enabled[order]
+    is_hue = (order == 3) & enabled[order]
+    blends_before = np.cumsum(is_blend, axis=1) - is_blend  # at each position of the order
     steps = np.full((len(order), 3), -1, dtype=np.int64)  # -1: nothing (identity)
-    hue_after = np.full(len(order), -1, dtype=np.int64)   # hue after this many blends; -1: none
-    for i, row in enumerate(order):
-        k = 0
-        for which in row:
-            if which == 3 and op.enabled[3]:
-                hue_after[i] = k
-            elif which < 3 and op.enabled[which]:
-                steps[i, k] = which
-                k += 1
+    rows, cols = np.nonzero(is_blend)
+    steps[rows, blends_before[rows, cols]] = order[rows, cols]
+    # hue after this many blends; -1: none
+    hue_after = np.where(is_hue.any(1), (blends_before * is_hue).sum(1), -1)
     factors = params[:, op.slot + 4:op.slot + 7].to(torch.float32)
     shift = params[:, op.slot + 7]
     x = x.contiguous()  # written in place below (a copy only if it is a broadcast view)

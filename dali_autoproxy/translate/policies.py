@@ -154,5 +154,7 @@ def auto_augment_v2(t, state: ChainState, alloc) -> Step:
 
 @register(T.AugMix, v2.AugMix)
 def aug_mix(t, state: ChainState, alloc) -> Step:
-    raise Unsupported(f"{transform_name(t)} mixes chains of torchvision's *tensor* kernels in float; "
-                      "not translated (TrivialAugmentWide, RandAugment and AutoAugment are)")
+    raise Unsupported(f"{transform_name(t)} mixes chains of torchvision's *tensor* kernels (bilinear "
+                      "warps, float mixing) drawn per sample; replayed per sample on the main thread "
+                      "they would be slower than in the workers, so it runs there (TrivialAugmentWide, "
+                      "RandAugment and AutoAugment are translated)")
