@@ -3,8 +3,9 @@ hand-written references, measured side by side in one run.
 
 Pipelines: train (RandomResizedCrop, flip, ToTensor, Normalize), eval (Resize, CenterCrop, ...),
 heavy (train + ColorJitter(0.4, 0.4, 0.4, 0.1), RandomGrayscale(0.2), GaussianBlur(9), RandomErasing),
-trivialaugment (train + TrivialAugmentWide: autoproxy offloads it partially), decode (CenterCrop +
-PILToTensor: decoding is nearly all the work).
+trivialaugment (train + TrivialAugmentWide), jitter_v2 (the v2 recipe with ToImage first:
+RandomResizedCrop, flip, ColorJitter(0.4, 0.4, 0.4, 0.1) on uint8 tensors, ToDtype, Normalize),
+decode (CenterCrop + PILToTensor: decoding is nearly all the work).
 
 Modes (each on the same corpus, batch size, workers and transforms):
   torchvision      plain DataLoader, PIL decode + torchvision transforms in the workers
@@ -44,7 +45,7 @@ MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
 
 
-PIPELINES = ("train", "eval", "heavy", "trivialaugment", "decode")
+PIPELINES = ("train", "eval", "heavy", "trivialaugment", "jitter_v2", "decode")
 
 
 def tv_transform(kind: str, m=None):
@@ -52,6 +53,11 @@ def tv_transform(kind: str, m=None):
     import torch
     import torchvision.transforms as T
     m = m or T
+    if kind == "jitter_v2":  # tensors from the start, whatever ``m``
+        import torchvision.transforms.v2 as v2
+        return v2.Compose(([] if m is v2 else [v2.ToImage()]) + [
+            v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.ColorJitter(0.4, 0.4, 0.4, 0.1),
+            v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
     tensor = m is not T
     to_float = [m.ToDtype(torch.float32, scale=True)] if tensor else [T.ToTensor()]
     crop_flip = [m.RandomResizedCrop(224), m.RandomHorizontalFlip()]
@@ -118,7 +124,7 @@ def _dali_ops(jpegs, kind, dali_device):
     if kind == "decode":
         images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB)
         return fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW", crop=(224, 224))
-    if kind in ("heavy", "trivialaugment"):
+    if kind in ("heavy", "trivialaugment", "jitter_v2"):
         images = fn.decoders.image_random_crop(jpegs, device=decode_device, output_type=types.RGB,
                                                random_aspect_ratio=[0.75, 4.0 / 3.0], random_area=[0.08, 1.0])
         images = fn.resize(images, size=[224, 224], interp_type=types.INTERP_LINEAR, antialias=True)
@@ -127,6 +133,11 @@ def _dali_ops(jpegs, kind, dali_device):
         if kind == "trivialaugment":
             from nvidia.dali.auto_aug import trivial_augment
             images = trivial_augment.trivial_augment_wide(images)
+        elif kind == "jitter_v2":
+            images = fn.color_twist(images, brightness=fn.random.uniform(range=[0.6, 1.4]),
+                                    contrast=fn.random.uniform(range=[0.6, 1.4]),
+                                    saturation=fn.random.uniform(range=[0.6, 1.4]),
+                                    hue=fn.random.uniform(range=[-36.0, 36.0]))
         else:
             gray = fn.random.coin_flip(probability=0.2)
             images = fn.color_twist(images, brightness=fn.random.uniform(range=[0.6, 1.4]),
