@@ -62,8 +62,8 @@ class ColorJitter:
 
 @dataclass(frozen=True)
 class TensorColorJitter:
-    """ColorJitter on a tensor image: torchvision's own tensor kernels (``api`` "v1" or "v2")
-    per sample, in its drawn order params[slot:slot+4] with factors params[slot+4:slot+8]
+    """ColorJitter on a tensor image: torchvision's own tensor kernels (``api`` "v1" or "v2"),
+    batched with a factor per sample, in each sample's drawn order params[slot:slot+4] with factors params[slot+4:slot+8]
     (brightness, contrast, saturation, hue as torchvision's hue factor)."""
     slot: int
     enabled: Tuple[bool, bool, bool, bool]

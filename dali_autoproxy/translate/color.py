@@ -55,7 +55,7 @@ def _pil_rgb_only(t, state: ChainState) -> None:
 def color_jitter(t, state: ChainState, alloc) -> Step:
     """Factors and the order permutation come from torchvision's own draw. On PIL images the
     hue factor becomes the 8-bit shift Pillow adds (``np.int32(hue * 255)`` wrapped to uint8);
-    on tensors torchvision's tensor kernels run per sample in the torch stage."""
+    on tensors torchvision's tensor kernels run batched, a factor per sample, in the torch stage."""
     tensor = state.kind == "tensor"
     if tensor:
         if state.channels != 3 or state.dtype not in ("uint8", "float32"):
@@ -86,6 +86,12 @@ def color_jitter(t, state: ChainState, alloc) -> Step:
         return Step(transform_name(t), [], drawn, neutral=[])  # torchvision still draws the permutation
     if tensor:
         api = "v2" if isinstance(t, v2.Transform) else "v1"
+        from ..torch_stage import _tensor_jitter_kernels
+        try:
+            _tensor_jitter_kernels(api)
+        except (ImportError, AttributeError) as exc:  # torchvision moved its private kernels
+            raise Unsupported(f"{transform_name(t)} on tensors needs torchvision's tensor kernels, "
+                              f"not found in this torchvision ({exc})") from None
         return Step(transform_name(t), [TensorColorJitter(slot, enabled, api)], draw,
                     neutral=[4, 4, 4, 4, 1.0, 1.0, 1.0, 0.0])
     # position index 4 matches no adjustment: the image passes through unchanged
