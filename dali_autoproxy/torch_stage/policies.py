@@ -1,0 +1,84 @@
+"""Augmentation policies (TrivialAugmentWide, RandAugment, AutoAugment and the single-op
+Random* transforms): each sample's drawn operation, with Pillow's maths from the sibling
+modules."""
+from __future__ import annotations
+
+import math
+from typing import List
+
+import torch
+
+from ..ir import AUGMENT_OPS, Augment
+from .color import _blend_step, autocontrast, blend, equalize
+from .filters import smooth
+from .geometry import warp
+from .registry import Batch, kernel, upload
+
+
+_GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+
+
+_BLENDS = {"Brightness": 0, "Contrast": 1, "Color": 2}  # _blend_step's codes
+
+
+def _policy_matrix(name: str, v: float, w: int, h: int) -> List[float]:
+    """The inverse matrix torchvision's _apply_op hands to Pillow for a geometric operation."""
+    from torchvision.transforms.functional import _get_inverse_affine_matrix
+    from ..translate.affine import rotation_matrix
+    if name == "Rotate":
+        return rotation_matrix(v, w, h, None)
+    shear = [math.degrees(math.atan(v)), 0.0] if name == "ShearX" else \
+        [0.0, math.degrees(math.atan(v))] if name == "ShearY" else [0.0, 0.0]
+    translate = [int(v), 0] if name == "TranslateX" else [0, int(v)] if name == "TranslateY" else [0, 0]
+    center = [0, 0] if name.startswith("Shear") else [w * 0.5, h * 0.5]
+    return list(_get_inverse_affine_matrix(center, 0.0, translate, 1.0, shear))
+
+
+def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
+    """One policy operation per sample (torchvision's _apply_op on PIL images). Samples are
+    grouped by kernel: every geometric operation is one warp (a matrix per sample), the three
+    blends one blend pass, the others a group each; a group is gathered, computed and written
+    back. Few groups matter: the stage runs on the main thread, and each costs launches."""
+    import numpy as np
+    codes = host[:, op.slot].astype(np.int64)
+    mags = host[:, op.slot + 1].astype(np.float64)
+    names = [AUGMENT_OPS[c] for c in codes]
+    h, w = x.shape[2], x.shape[3]
+    groups: dict = {}
+    for i, name in enumerate(names):
+        if name != "Identity":
+            key = "warp" if name in _GEOMETRIC else "blend" if name in _BLENDS else name
+            groups.setdefault(key, []).append(i)
+    x = x.contiguous()  # each group is written back in place
+    for key, rows in groups.items():
+        idx = upload(rows, x.device)
+        sub, m = x.index_select(0, idx), mags[rows]
+        if key == "warp":
+            sub = warp(sub, [_policy_matrix(names[i], mags[i], w, h) for i in rows], op.fill)
+        elif key == "blend":
+            which = np.array([_BLENDS[names[i]] for i in rows])
+            factors = np.ones((len(rows), 3), dtype=np.float32)
+            factors[np.arange(len(rows)), which] = 1.0 + m
+            sub = _blend_step(sub, which, upload(factors, x.device))
+        elif key == "Sharpness":
+            factor = upload(1.0 + m, x.device, torch.float32).view(-1, 1, 1, 1)
+            sub = blend(smooth(sub), sub, factor)
+        elif key == "Posterize":
+            masks = upload([(0xFF << (8 - int(v))) & 0xFF for v in m], x.device).view(-1, 1, 1, 1)
+            sub = (sub.to(torch.int64) & masks).to(x.dtype)
+        elif key == "Solarize":
+            thr = upload(m, x.device).view(-1, 1, 1, 1)
+            sub = torch.where(sub.to(torch.float64) >= thr, 255 - sub, sub)
+        elif key == "AutoContrast":
+            sub = autocontrast(sub)
+        elif key == "Equalize":
+            sub = equalize(sub)
+        elif key == "Invert":
+            sub = 255 - sub
+        x.index_copy_(0, idx, sub)
+    return x
+
+
+@kernel(Augment)
+def _augment(x: torch.Tensor, op: Augment, batch: Batch) -> torch.Tensor:
+    return augment(x, op, batch.host)

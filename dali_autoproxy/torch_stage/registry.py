@@ -1,0 +1,58 @@
+"""What every kernel of the torch stage shares: the registry of kernels by op type, the batch
+context they see, and the host-to-device transfers that never stop the host."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Batch:
+    """The context of one batch: its params rows on the host (float64, for planning on the
+    host) and on the device, and whether the pixel values are still whole numbers 0..255
+    (uint8 semantics; ToFloat ends that)."""
+    host: np.ndarray
+    params: torch.Tensor
+    integer: bool = True
+
+    def flag(self, slot: int) -> torch.Tensor:
+        """params[:, slot] != 0 as a [B, 1, 1, 1] mask (a per-sample coin)."""
+        return (self.params[:, slot] != 0).view(-1, 1, 1, 1)
+
+
+Kernel = Callable[[torch.Tensor, object, Batch], torch.Tensor]
+KERNELS: Dict[type, Kernel] = {}
+
+
+def kernel(*op_types: type) -> Callable[[Kernel], Kernel]:
+    """Register the function that runs ops of these IR types on a [B, C, H, W] float batch."""
+    def deco(fn: Kernel) -> Kernel:
+        for t in op_types:
+            KERNELS[t] = fn
+        return fn
+    return deco
+
+
+def upload(values, device: torch.device, dtype=None) -> torch.Tensor:
+    """Host numbers onto ``device`` without stopping the host: through pinned memory, queued on
+    the current stream. (A pageable copy waits for all queued GPU work, and the stage makes a
+    few per batch: every one of them would serialise the main thread with the GPU.)"""
+    import numpy as np
+    t = torch.as_tensor(np.asarray(values), dtype=dtype)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+_CONSTANTS: dict = {}
+
+
+def constant(values: Sequence[float], device: torch.device, dtype=torch.float32) -> torch.Tensor:
+    """A small per-channel constant (mean, std, fill) as [1, C, 1, 1], uploaded once per device."""
+    key = (tuple(values), str(device), dtype)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.tensor(list(values), dtype=dtype).view(1, -1, 1, 1).to(device)
+    return _CONSTANTS[key]
