@@ -26,7 +26,7 @@ from .color import hue_tables
 from .geometry import perspective, warp
 from .policies import augment
 from .registry import KERNELS, Batch, upload
-from .tensor_jitter import _tensor_jitter_kernels, tensor_color_jitter
+from .tensor_jitter import tensor_jitter_kernels, tensor_color_jitter
 
 TORCH_OPS = tuple(KERNELS)
 # what DALI does slowly (jitter) or not exactly (warps, policies, torchvision's tensor kernels)
@@ -66,4 +66,4 @@ class TorchStage:
 
 
 __all__ = ["TORCH_OPS", "TAKES_OVER_AT", "ONLY_HERE", "split", "TorchStage", "augment", "warp", "perspective",
-           "tensor_color_jitter", "hue_tables", "_tensor_jitter_kernels"]
+           "tensor_color_jitter", "hue_tables", "tensor_jitter_kernels"]

@@ -8,7 +8,7 @@ from typing import Tuple
 import torch
 
 from ..ir import ColorJitter, Grayscale, PixelOp
-from .registry import Batch, kernel, upload
+from .registry import Batch, kernel, update_rows, upload
 
 
 def luma(x: torch.Tensor) -> torch.Tensor:
@@ -121,18 +121,16 @@ def color_jitter(x: torch.Tensor, op: ColorJitter, params: torch.Tensor, host) -
     hue_after = np.where(is_hue.any(1), (blends_before * is_hue).sum(1), -1)
     factors = params[:, op.slot + 4:op.slot + 7].to(torch.float32)
     shift = params[:, op.slot + 7]
-    x = x.contiguous()  # written in place below (a copy only if it is a broadcast view)
     for k in range(4):
         due = np.flatnonzero(hue_after == k)
         if len(due):
-            idx = upload(due, x.device)
-            x.index_copy_(0, idx, shift_hue(x.index_select(0, idx), shift.index_select(0, idx)))
+            x = update_rows(x, due, lambda sub, idx: shift_hue(sub, shift.index_select(0, idx)))
         if k < 3 and (steps[:, k] >= 0).any():
-            x = _blend_step(x, steps[:, k], factors)
+            x = blend_step(x, steps[:, k], factors)
     return x
 
 
-def _blend_step(x: torch.Tensor, which, factors: torch.Tensor) -> torch.Tensor:
+def blend_step(x: torch.Tensor, which, factors: torch.Tensor) -> torch.Tensor:
     """One blend per sample: brightness (0), contrast (1), saturation (2) or nothing (-1),
     as ``blend(degenerate, x, factor)`` with the degenerate and factor picked per sample
     (degenerate 0 and factor 1 for nothing: exact)."""

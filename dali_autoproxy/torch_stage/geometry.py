@@ -5,16 +5,23 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..ir import PERSPECTIVE_IDENTITY, Flip, Perspective, Warp
-from .registry import Batch, constant, kernel, upload
+from .registry import Batch, constant, kernel, update_rows, upload
 
 
 def _coord(v):
     """Pillow's COORD: -1 below zero, else truncation."""
-    import numpy as np
     return np.where(v < 0, -1, v.astype(np.int64))
+
+
+def _gather(x: torch.Tensor, yy: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
+    """x[b, :, yy, xx] for per-sample integer coordinate maps [B, H, W] (clamped to the image)."""
+    b, c, h, w = x.shape
+    index = (yy.clamp(0, h - 1) * w + xx.clamp(0, w - 1)).view(b, 1, h * w).expand(b, c, h * w)
+    return x.reshape(b, c, h * w).gather(2, index).view(b, c, h, w)
 
 
 def warp(x: torch.Tensor, matrices, fill: Sequence[float]) -> torch.Tensor:
@@ -22,7 +29,6 @@ def warp(x: torch.Tensor, matrices, fill: Sequence[float]) -> torch.Tensor:
     (host float64 [B, 6]): its scale-only path (double accumulation, tabulated on the host)
     or its 16.16 fixed-point path (integers, exact on the device); outside: ``fill``. The host
     part is vectorised over the batch with the C's operation order (accumulate is sequential)."""
-    import numpy as np
     b, c, h, w = x.shape
     a = np.asarray(matrices, dtype=np.float64).reshape(b, 6)
     a0, a1, a2, a3, a4, a5 = (a[:, k:k + 1] for k in range(6))
@@ -47,9 +53,7 @@ def warp(x: torch.Tensor, matrices, fill: Sequence[float]) -> torch.Tensor:
         xin = torch.where(scale_only, upload(xs, dev).view(b, 1, w), xin)
         yin = torch.where(scale_only, upload(ys, dev).view(b, h, 1), yin)
     inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
-    index = (yin.clamp(0, h - 1) * w + xin.clamp(0, w - 1)).view(b, 1, h * w).expand(b, c, h * w)
-    out = x.reshape(b, c, h * w).gather(2, index).view(b, c, h, w)
-    return torch.where(inside.unsqueeze(1), out, constant(fill, dev, x.dtype))
+    return torch.where(inside.unsqueeze(1), _gather(x, yin, xin), constant(fill, dev, x.dtype))
 
 
 def perspective(x: torch.Tensor, coeffs, fill: Sequence[float], bilinear: bool) -> torch.Tensor:
@@ -57,44 +61,37 @@ def perspective(x: torch.Tensor, coeffs, fill: Sequence[float], bilinear: bool) 
     nearest (COORD) or bilinear_filter32RGB sampler, in float64 with the C's operation order:
     every product and sum is its own torch op, so nothing is fused and each rounds as the C's
     does. Samples whose coefficients are the identity (not drawn) are left alone."""
-    import numpy as np
     coeffs = np.asarray(coeffs, dtype=np.float64)
     todo = np.flatnonzero(~np.all(coeffs == np.asarray(PERSPECTIVE_IDENTITY), axis=1))
     if not len(todo):
         return x
-    x = x.contiguous()  # written back in place
-    dev = x.device
-    idx = upload(todo, dev)
-    src = x.index_select(0, idx).to(torch.float64)
+    return update_rows(x, todo, lambda sub, _: _perspective_rows(sub.to(torch.float64), coeffs[todo], fill, bilinear))
+
+
+def _perspective_rows(src: torch.Tensor, coeffs: np.ndarray, fill: Sequence[float], bilinear: bool) -> torch.Tensor:
     n, c, h, w = src.shape
-    a = upload(coeffs[todo], dev).view(n, 8, 1, 1).unbind(1)
+    dev = src.device
+    a = upload(coeffs, dev).view(n, 8, 1, 1).unbind(1)
     col = (torch.arange(w, device=dev, dtype=torch.float64) + 0.5).view(1, 1, w)
     row = (torch.arange(h, device=dev, dtype=torch.float64) + 0.5).view(1, h, 1)
     den = a[6] * col + a[7] * row + 1
     xin = (a[0] * col + a[1] * row + a[2]) / den
     yin = (a[3] * col + a[4] * row + a[5]) / den
     inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)  # also false for NaN
-    flat = src.reshape(n, c, h * w)
-
-    def tap(yy: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
-        index = (yy.clamp(0, h - 1) * w + xx.clamp(0, w - 1)).view(n, 1, h * w).expand(n, c, h * w)
-        return flat.gather(2, index).view(n, c, h, w)
     xin, yin = torch.where(inside, xin, 0.5), torch.where(inside, yin, 0.5)
     if not bilinear:
-        out = tap(yin.to(torch.int64), xin.to(torch.int64))  # COORD: truncation (>= 0 here)
+        out = _gather(src, yin.to(torch.int64), xin.to(torch.int64))  # COORD: truncation (>= 0 here)
     else:
         xs, ys = xin - 0.5, yin - 0.5
         fx, fy = torch.floor(xs), torch.floor(ys)
         dx, dy = (xs - fx).unsqueeze(1), (ys - fy).unsqueeze(1)
         ix, iy = fx.to(torch.int64), fy.to(torch.int64)
-        top_l, top_r = tap(iy, ix), tap(iy, ix + 1)
+        top_l, top_r = _gather(src, iy, ix), _gather(src, iy, ix + 1)
         v1 = top_l + (top_r - top_l) * dx
-        bot_l, bot_r = tap(iy + 1, ix), tap(iy + 1, ix + 1)
+        bot_l, bot_r = _gather(src, iy + 1, ix), _gather(src, iy + 1, ix + 1)
         v2 = torch.where(((iy + 1) < h).unsqueeze(1), bot_l + (bot_r - bot_l) * dx, v1)
         out = torch.trunc(v1 + (v2 - v1) * dy)
-    out = torch.where(inside.unsqueeze(1), out, constant(fill, dev, torch.float64))
-    x.index_copy_(0, idx, out.to(x.dtype))
-    return x
+    return torch.where(inside.unsqueeze(1), out, constant(fill, dev, torch.float64))
 
 
 @kernel(Warp)

@@ -9,16 +9,16 @@ from typing import List
 import torch
 
 from ..ir import AUGMENT_OPS, Augment
-from .color import _blend_step, autocontrast, blend, equalize
+from .color import autocontrast, blend, blend_step, equalize
 from .filters import smooth
 from .geometry import warp
-from .registry import Batch, kernel, upload
+from .registry import Batch, kernel, update_rows, upload
 
 
 _GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
 
 
-_BLENDS = {"Brightness": 0, "Contrast": 1, "Color": 2}  # _blend_step's codes
+_BLENDS = {"Brightness": 0, "Contrast": 1, "Color": 2}  # blend_step's codes
 
 
 def _policy_matrix(name: str, v: float, w: int, h: int) -> List[float]:
@@ -43,40 +43,41 @@ def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
     codes = host[:, op.slot].astype(np.int64)
     mags = host[:, op.slot + 1].astype(np.float64)
     names = [AUGMENT_OPS[c] for c in codes]
-    h, w = x.shape[2], x.shape[3]
     groups: dict = {}
     for i, name in enumerate(names):
         if name != "Identity":
             key = "warp" if name in _GEOMETRIC else "blend" if name in _BLENDS else name
             groups.setdefault(key, []).append(i)
-    x = x.contiguous()  # each group is written back in place
     for key, rows in groups.items():
-        idx = upload(rows, x.device)
-        sub, m = x.index_select(0, idx), mags[rows]
-        if key == "warp":
-            sub = warp(sub, [_policy_matrix(names[i], mags[i], w, h) for i in rows], op.fill)
-        elif key == "blend":
-            which = np.array([_BLENDS[names[i]] for i in rows])
-            factors = np.ones((len(rows), 3), dtype=np.float32)
-            factors[np.arange(len(rows)), which] = 1.0 + m
-            sub = _blend_step(sub, which, upload(factors, x.device))
-        elif key == "Sharpness":
-            factor = upload(1.0 + m, x.device, torch.float32).view(-1, 1, 1, 1)
-            sub = blend(smooth(sub), sub, factor)
-        elif key == "Posterize":
-            masks = upload([(0xFF << (8 - int(v))) & 0xFF for v in m], x.device).view(-1, 1, 1, 1)
-            sub = (sub.to(torch.int64) & masks).to(x.dtype)
-        elif key == "Solarize":
-            thr = upload(m, x.device).view(-1, 1, 1, 1)
-            sub = torch.where(sub.to(torch.float64) >= thr, 255 - sub, sub)
-        elif key == "AutoContrast":
-            sub = autocontrast(sub)
-        elif key == "Equalize":
-            sub = equalize(sub)
-        elif key == "Invert":
-            sub = 255 - sub
-        x.index_copy_(0, idx, sub)
+        x = update_rows(x, rows, lambda sub, _, key=key, rows=rows: _operation(sub, key, rows, names, mags, op))
     return x
+
+
+def _operation(sub: torch.Tensor, key: str, rows: List[int], names: List[str], mags, op: Augment) -> torch.Tensor:
+    """One group of ``augment``: the samples ``rows`` (gathered in ``sub``), which drew ``key``."""
+    import numpy as np
+    h, w, dev = sub.shape[2], sub.shape[3], sub.device
+    m = mags[rows]
+    if key == "warp":
+        return warp(sub, [_policy_matrix(names[i], mags[i], w, h) for i in rows], op.fill)
+    if key == "blend":
+        which = np.array([_BLENDS[names[i]] for i in rows])
+        factors = np.ones((len(rows), 3), dtype=np.float32)
+        factors[np.arange(len(rows)), which] = 1.0 + m
+        return blend_step(sub, which, upload(factors, dev))
+    if key == "Sharpness":
+        return blend(smooth(sub), sub, upload(1.0 + m, dev, torch.float32).view(-1, 1, 1, 1))
+    if key == "Posterize":
+        masks = upload([(0xFF << (8 - int(v))) & 0xFF for v in m], dev).view(-1, 1, 1, 1)
+        return (sub.to(torch.int64) & masks).to(sub.dtype)
+    if key == "Solarize":
+        return torch.where(sub.to(torch.float64) >= upload(m, dev).view(-1, 1, 1, 1), 255 - sub, sub)
+    if key == "AutoContrast":
+        return autocontrast(sub)
+    if key == "Equalize":
+        return equalize(sub)
+    assert key == "Invert", key
+    return 255 - sub
 
 
 @kernel(Augment)

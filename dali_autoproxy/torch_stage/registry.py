@@ -40,7 +40,6 @@ def upload(values, device: torch.device, dtype=None) -> torch.Tensor:
     """Host numbers onto ``device`` without stopping the host: through pinned memory, queued on
     the current stream. (A pageable copy waits for all queued GPU work, and the stage makes a
     few per batch: every one of them would serialise the main thread with the GPU.)"""
-    import numpy as np
     t = torch.as_tensor(np.asarray(values), dtype=dtype)
     if device.type != "cuda":
         return t
@@ -56,3 +55,13 @@ def constant(values: Sequence[float], device: torch.device, dtype=torch.float32)
     if key not in _CONSTANTS:
         _CONSTANTS[key] = torch.tensor(list(values), dtype=dtype).view(1, -1, 1, 1).to(device)
     return _CONSTANTS[key]
+
+
+def update_rows(x: torch.Tensor, rows, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``x`` with ``fn(samples, index)`` applied to the samples ``rows`` (host indices): gathered,
+    computed together, written back in place. The stage owns ``x``; a broadcast view (after a
+    Grayscale) is copied once first."""
+    x = x.contiguous()
+    idx = upload(rows, x.device)
+    x.index_copy_(0, idx, fn(x.index_select(0, idx), idx).to(x.dtype))
+    return x

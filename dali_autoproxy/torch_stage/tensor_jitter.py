@@ -2,10 +2,13 @@
 kernels, v1 or v2, batched with one factor per sample."""
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import torch
 
 from ..ir import TensorColorJitter
-from .registry import Batch, kernel, upload
+from .registry import Batch, kernel, update_rows, upload
 
 
 def _require(module, *names: str) -> None:
@@ -14,7 +17,8 @@ def _require(module, *names: str) -> None:
         getattr(module, name)
 
 
-def _tensor_jitter_kernels(api: str):
+@functools.lru_cache(maxsize=None)
+def tensor_jitter_kernels(api: str):
     """torchvision's tensor ColorJitter kernels (v1 or v2) rewritten for a batch with one factor
     per sample: the same torch calls on the same dtypes, the factor a per-sample float32 tensor
     where torchvision passes a Python float (which it casts to float32). Where torchvision
@@ -78,22 +82,17 @@ def _tensor_jitter_kernels(api: str):
 def tensor_color_jitter(x: torch.Tensor, op: TensorColorJitter, host, integer: bool) -> torch.Tensor:
     """torchvision's tensor ColorJitter with each sample's own factors and order: at each of the
     four positions of the order, the samples that apply the same adjustment there are computed
-    together (torchvision's kernels, batched: _tensor_jitter_kernels)."""
-    import numpy as np
-    kernels = _tensor_jitter_kernels(op.api)
+    together (torchvision's kernels, batched: tensor_jitter_kernels)."""
+    kernels = tensor_jitter_kernels(op.api)
     order = np.minimum(host[:, op.slot:op.slot + 4].astype(np.int64), 4)  # 4: RandomApply's "skip"
-    factors = torch.as_tensor(np.asarray(host[:, op.slot + 4:op.slot + 8], dtype=np.float64))
-    x = x.contiguous()  # written back in place
+    factors = np.asarray(host[:, op.slot + 4:op.slot + 8], dtype=np.float64)
     for k in range(4):
         for which in range(4):
             rows = np.flatnonzero(order[:, k] == which)
-            if not len(rows) or not op.enabled[which]:
-                continue
-            idx = upload(rows, x.device)
-            sub = x.index_select(0, idx)
-            img = sub.to(torch.uint8) if integer else sub
-            f = upload(factors[rows, which], x.device).view(-1, 1, 1, 1)
-            x.index_copy_(0, idx, kernels[which](img, f).to(x.dtype))
+            if len(rows) and op.enabled[which]:
+                f = upload(factors[rows, which], x.device).view(-1, 1, 1, 1)
+                x = update_rows(x, rows, lambda sub, _, run=kernels[which], f=f:
+                                run(sub.to(torch.uint8) if integer else sub, f))
     return x
 
 

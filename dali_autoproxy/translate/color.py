@@ -86,9 +86,9 @@ def color_jitter(t, state: ChainState, alloc) -> Step:
         return Step(transform_name(t), [], drawn, neutral=[])  # torchvision still draws the permutation
     if tensor:
         api = "v2" if isinstance(t, v2.Transform) else "v1"
-        from ..torch_stage import _tensor_jitter_kernels
+        from ..torch_stage import tensor_jitter_kernels
         try:
-            _tensor_jitter_kernels(api)
+            tensor_jitter_kernels(api)
         except (ImportError, AttributeError) as exc:  # torchvision moved its private kernels
             raise Unsupported(f"{transform_name(t)} on tensors needs torchvision's tensor kernels, "
                               f"not found in this torchvision ({exc})") from None
