@@ -9,17 +9,29 @@ jitter factors); an op names its ``slot``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from enum import Enum
+from typing import Callable, ClassVar, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 
 class Unsupported(Exception):
     """A transform, or an argument of it, that has no faithful DALI translation."""
 
 
+class Placement(Enum):
+    """Where an op may run. Every op also runs in the CPU replay. The back ends' kernel tables
+    must agree with it (tests/test_kernel_tables.py); planning reads only this."""
+    DALI = "DALI only"          # crops and resizes: DALI runs them, before any torch stage
+    EITHER = "DALI or torch"    # DALI, or the torch stage once it has taken over
+    TORCH = "torch stage only"  # exact (or fast) only as torch ops: the torch stage takes over here
+
+
 @dataclass(frozen=True)
 class Crop:
     """Crop [top, left, height, width] from params[slot:slot+4]; outside the image is
     ``fill`` (per channel), which is how Pad and padded crops are expressed too."""
+    placement: ClassVar[Placement] = Placement.DALI
     slot: int
     in_bounds: bool = False  # True when the box never leaves the image (lets decode fuse it)
     fill: Tuple[float, ...] = (0.0,)
@@ -28,6 +40,7 @@ class Crop:
 @dataclass(frozen=True)
 class Resize:
     """Resize to params[slot:slot+2] = [height, width], or to the fixed ``size``."""
+    placement: ClassVar[Placement] = Placement.DALI
     interp: str  # "linear", "cubic", "nn"
     antialias: bool
     slot: Optional[int] = None
@@ -37,6 +50,7 @@ class Resize:
 @dataclass(frozen=True)
 class Flip:
     """Horizontal (or vertical) flip when params[slot] is 1."""
+    placement: ClassVar[Placement] = Placement.EITHER
     slot: int
     vertical: bool = False
 
@@ -45,6 +59,7 @@ class Flip:
 class PixelOp:
     """A per-pixel uint8 operation applied when params[slot] is 1: "invert" (255 - x),
     "solarize" (255 - x where x >= arg) or "posterize" (x & arg, arg the bit mask)."""
+    placement: ClassVar[Placement] = Placement.EITHER
     kind: str
     slot: int
     arg: int = 0
@@ -56,8 +71,22 @@ class ColorJitter:
     params[slot:slot+4] (0 brightness, 1 contrast, 2 saturation, 3 hue), with the factors
     params[slot+4:slot+7] and the hue shift params[slot+7] (in 1/256 turns, as PIL applies it);
     an adjustment that is not ``enabled`` is skipped, as torchvision skips a None factor."""
+    placement: ClassVar[Placement] = Placement.TORCH
     slot: int
     enabled: Tuple[bool, bool, bool, bool]
+
+
+JITTER_SKIP = 4  # an order entry RandomApply writes when it skips the whole ColorJitter
+
+
+def jitter_order(host: np.ndarray, op) -> np.ndarray:
+    """The per-sample order of a (Tensor)ColorJitter, decoded once for every back end: rows of
+    params -> int64 [B, 4] of adjustments (0 brightness, 1 contrast, 2 saturation, 3 hue), with
+    -1 where nothing is applied (RandomApply's skip, or an adjustment that is not enabled)."""
+    order = np.asarray(host, dtype=np.float64)[:, op.slot:op.slot + 4].astype(np.int64)
+    enabled = np.append(np.asarray(op.enabled, dtype=bool), False)
+    order = np.minimum(order, JITTER_SKIP)
+    return np.where(enabled[order], order, -1)
 
 
 @dataclass(frozen=True)
@@ -65,6 +94,7 @@ class TensorColorJitter:
     """ColorJitter on a tensor image: torchvision's own tensor kernels (``api`` "v1" or "v2"),
     batched with a factor per sample, in each sample's drawn order params[slot:slot+4] with factors params[slot+4:slot+8]
     (brightness, contrast, saturation, hue as torchvision's hue factor)."""
+    placement: ClassVar[Placement] = Placement.TORCH
     slot: int
     enabled: Tuple[bool, bool, bool, bool]
     api: str
@@ -74,6 +104,7 @@ class TensorColorJitter:
 class Grayscale:
     """PIL's luma (ITU-R 601-2 in integers) to ``channels`` channels; applied where
     params[slot] is 1, or always when ``slot`` is None."""
+    placement: ClassVar[Placement] = Placement.EITHER
     channels: int
     slot: Optional[int] = None
 
@@ -82,6 +113,7 @@ class Grayscale:
 class Blur:
     """torchvision's gaussian_blur: window ``kernel`` = (height, width), reflected borders,
     per-sample sigma params[slot] (y) and params[slot+1] (x)."""
+    placement: ClassVar[Placement] = Placement.EITHER
     kernel: Tuple[int, int]
     slot: int
 
@@ -90,6 +122,7 @@ class Blur:
 class Erase:
     """RandomErasing on the final tensor: the box params[slot:slot+4] = [top, left, height,
     width] (height 0: nothing erased) is set to ``value`` (one per channel)."""
+    placement: ClassVar[Placement] = Placement.EITHER
     slot: int
     value: Tuple[float, ...]
 
@@ -98,6 +131,7 @@ class Erase:
 class Warp:
     """Pillow's nearest-neighbour affine transform (what torchvision's rotate and affine do to
     PIL images): the inverse matrix in params[slot:slot+6], ``fill`` outside the image."""
+    placement: ClassVar[Placement] = Placement.TORCH
     slot: int
     fill: Tuple[float, ...]
 
@@ -110,6 +144,7 @@ class Perspective:
     """Pillow's perspective transform (what torchvision's perspective does to PIL images): its 8
     coefficients in params[slot:slot+8] (PERSPECTIVE_IDENTITY: not applied), nearest or
     bilinear sampling, ``fill`` outside the image."""
+    placement: ClassVar[Placement] = Placement.TORCH
     slot: int
     fill: Tuple[float, ...]
     bilinear: bool
@@ -123,6 +158,7 @@ AUGMENT_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rota
 class Augment:
     """One operation of an augmentation policy per sample, as torchvision's ``_apply_op`` does it
     on a PIL image: AUGMENT_OPS[params[slot]] with magnitude params[slot+1] (v1's units)."""
+    placement: ClassVar[Placement] = Placement.TORCH
     slot: int
     fill: Tuple[float, ...]
 
@@ -131,22 +167,54 @@ class Augment:
 class ToFloat:
     """uint8 -> float32, multiplied by ``scale`` (1/255 for ToTensor-like conversions);
     ``divide``: computed as x / (1/scale), as v1's ToTensor does (v2's ToDtype multiplies)."""
+    placement: ClassVar[Placement] = Placement.EITHER
     scale: float
     divide: bool = False
 
 
 @dataclass(frozen=True)
 class Normalize:
+    placement: ClassVar[Placement] = Placement.EITHER
     mean: Tuple[float, ...]
     std: Tuple[float, ...]
+
+
+def compose_affine(ops: Sequence[object], channels: int) -> Tuple[np.ndarray, np.ndarray]:
+    """A run of ToFloat/Normalize ops as one y = a * x + b per channel (other ops: ignored)."""
+    a, b = np.ones(channels), np.zeros(channels)
+    for op in ops:
+        if type(op) is ToFloat:
+            a, b = a * op.scale, b * op.scale
+        elif type(op) is Normalize:
+            mean, std = np.asarray(op.mean), np.asarray(op.std)
+            a, b = a / std, (b - mean) / std
+    return a, b
 
 
 @dataclass(frozen=True)
 class ToCHW:
     """Marks the PIL -> tensor layout change; the builder emits CHW once, at the end."""
+    placement: ClassVar[Placement] = Placement.EITHER
 
 
 Op = object  # one of the dataclasses above
+ALL_OPS: Tuple[type, ...] = (Crop, Resize, Flip, PixelOp, ColorJitter, TensorColorJitter, Grayscale, Blur, Erase,
+                             Warp, Perspective, Augment, ToFloat, Normalize, ToCHW)
+
+
+def split_at_takeover(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
+    """(DALI's ops, the torch stage's ops): the stage takes over at the first TORCH op when it
+    can run everything from there on, and also takes the EITHER ops just before it, so that
+    DALI hands over uint8 pixels. Without such an op, or with a DALI-only op after it, all
+    ops stay with DALI (planning then refuses a TORCH op left there)."""
+    for k, op in enumerate(ops):
+        if op.placement is Placement.TORCH:
+            if all(o.placement is not Placement.DALI for o in ops[k:]):
+                while k > 0 and ops[k - 1].placement is Placement.EITHER:
+                    k -= 1
+                return list(ops[:k]), list(ops[k:])
+            break
+    return list(ops), []
 
 
 @dataclass

@@ -19,13 +19,18 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .ir import (Blur, ChainState, Crop, Erase, Flip, Grayscale, Normalize, PixelOp, Resize,
-                 ToCHW, ToFloat)
+from .ir import (Augment, Blur, ChainState, ColorJitter, Crop, Erase, Flip, Grayscale, Normalize, Perspective,
+                 PixelOp, Resize, TensorColorJitter, ToCHW, ToFloat, Warp, compose_affine, split_at_takeover)
+from .kernel_table import KernelTable
 from .planning import Plan
-from .torch_stage import TorchStage, split
+from .torch_stage import TorchStage
 from .transport import ProxyGroup
 
-_TAIL_OPS = (Flip, ToFloat, Normalize, ToCHW)
+DALI_KERNELS = KernelTable("DALI lowering")
+DALI_KERNELS.not_here("exact only as torch ops; the torch stage takes over from it",
+                      ColorJitter, TensorColorJitter, Warp, Perspective, Augment)
+
+_TAIL_OPS = frozenset((Flip, ToFloat, Normalize, ToCHW))  # what one crop_mirror_normalize can finish with
 
 STALL_LIMIT_S = 600.0  # no output for this long (or the loader's timeout=) means DALI is stuck
 
@@ -54,49 +59,38 @@ os.register_at_fork(before=_guard_before_fork, after_in_parent=_release_guard_in
 
 
 def _split_tail(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
-    """Longest suffix of elementwise ops (with at most one flip) for one crop_mirror_normalize."""
+    """Longest suffix of elementwise ops (with at most one horizontal flip) for one
+    crop_mirror_normalize."""
     i = len(ops)
     flips = 0
-    while i > 0 and isinstance(ops[i - 1], _TAIL_OPS):
-        if isinstance(ops[i - 1], Flip) and ops[i - 1].vertical:
-            break  # crop_mirror_normalize mirrors horizontally only
-        if isinstance(ops[i - 1], Flip):
-            if flips:
-                break
+    while i > 0 and type(ops[i - 1]) in _TAIL_OPS:
+        op = ops[i - 1]
+        if type(op) is Flip:
+            if op.vertical or flips:
+                break  # crop_mirror_normalize mirrors horizontally, once
             flips += 1
         i -= 1
     return list(ops[:i]), list(ops[i:])
 
 
-def _affine(ops: Sequence[object], channels: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Compose ToFloat/Normalize into y = a * x + b per channel."""
-    a, b = np.ones(channels), np.zeros(channels)
-    for op in ops:
-        if isinstance(op, ToFloat):
-            a, b = a * op.scale, b * op.scale
-        elif isinstance(op, Normalize):
-            mean, std = np.asarray(op.mean), np.asarray(op.std)
-            a, b = a / std, (b - mean) / std
-    return a, b
-
-
 class Lowering:
-    """Builds the DALI graph for a plan; knows which external sources need which params."""
+    """Builds the DALI graph for a plan; knows which external sources need which params.
+    Each op is lowered by its kernel in DALI_KERNELS: ``kernel(lowering, op, img) -> img``."""
 
     def __init__(self, plan: Plan, device: str):
         self.plan = plan
         self.device = device  # "gpu" or "cpu"
+        self.input_kind = plan.input_kind  # "encoded" (file bytes) or "raw" (HWC uint8 pixels)
         self.feeds: List[Tuple[str, int, int, object]] = []  # (name, column, width, numpy dtype)
-        self.ops, torch_ops = split(plan.ops)
+        self.ops, torch_ops = split_at_takeover(plan.ops)
         self.torch_stage = TorchStage(torch_ops) if torch_ops else None
         # what the DALI part hands over: the plan's output, or uint8 HWC pixels for the torch stage
         channels = 3
         for op in self.ops:
-            if isinstance(op, Grayscale):
-                channels = op.channels
+            channels = getattr(op, "channels", channels)  # a Grayscale sets the channel count
         self.out_state = ChainState(channels=channels) if torch_ops else plan.state
 
-    def _param(self, name: str, column: int, width: int, dtype, operand: bool = False) -> object:
+    def param(self, name: str, column: int, width: int, dtype, operand: bool = False) -> object:
         """A per-sample value fed from the params row; ``operand``: used in arithmetic with
         the image, so it must sit on the image's device."""
         from nvidia.dali import fn, types
@@ -107,17 +101,18 @@ class Lowering:
 
     def graph(self):
         from nvidia.dali import fn, types
-        plan, ops = self.plan, list(self.ops)
-        encoded = plan.input_kind == "encoded"
+        ops = list(self.ops)
+        encoded = self.input_kind == "encoded"
         data = fn.external_source(name="data", device="cpu", dtype=types.UINT8,
                                   layout=None if encoded else "HWC")
         if encoded:
             decode_device = "mixed" if self.device == "gpu" else "cpu"
             common = dict(device=decode_device, output_type=types.RGB, adjust_orientation=False)
-            if ops and isinstance(ops[0], Crop) and ops[0].in_bounds:
-                crop = ops.pop(0)
-                anchor = self._param(f"anchor{crop.slot}", crop.slot, 2, np.int32)
-                shape = self._param(f"shape{crop.slot}", crop.slot + 2, 2, np.int32)
+            first = ops[0] if ops else None
+            if type(first) is Crop and first.in_bounds:  # region-of-interest decode
+                ops.pop(0)
+                anchor = self.param(f"anchor{first.slot}", first.slot, 2, np.int32)
+                shape = self.param(f"shape{first.slot}", first.slot + 2, 2, np.int32)
                 img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", **common)
             else:
                 img = fn.decoders.image(data, **common)
@@ -125,75 +120,24 @@ class Lowering:
             img = data.gpu() if self.device == "gpu" else data
 
         erases: List[object] = []
-        while ops and isinstance(ops[-1], Erase):  # erasing after the tail, on the CHW tensor
+        while ops and type(ops[-1]) is Erase:  # erasing after the tail, on the CHW tensor
             erases.insert(0, ops.pop())
         body, tail = _split_tail(ops)
         for op in body:
-            img = self._lower(op, img)
+            img = DALI_KERNELS[op](self, op, img)
         img = self._lower_tail(tail, img)
         for op in erases:
-            img = self._lower(op, img)
+            img = DALI_KERNELS[op](self, op, img)
         return img
-
-    def _lower(self, op: object, img):
-        from nvidia.dali import fn, types
-        if isinstance(op, Crop):
-            anchor = self._param(f"anchor{op.slot}", op.slot, 2, np.int32)
-            shape = self._param(f"shape{op.slot}", op.slot + 2, 2, np.int32)
-            return fn.slice(img, anchor, shape, axis_names="HW", fill_values=list(op.fill),
-                            out_of_bounds_policy="error" if op.in_bounds else "pad")
-        if isinstance(op, Resize):
-            interp = {"linear": types.INTERP_LINEAR, "cubic": types.INTERP_CUBIC,
-                      "nn": types.INTERP_NN}[op.interp]
-            if op.size is not None:
-                height, width = float(op.size[0]), float(op.size[1])
-            else:
-                height = self._param(f"height{op.slot}", op.slot, 1, np.float32)
-                width = self._param(f"width{op.slot}", op.slot + 1, 1, np.float32)
-            return fn.resize(img, resize_y=height, resize_x=width, interp_type=interp,
-                             antialias=op.antialias)
-        if isinstance(op, Flip):
-            flag = self._param(f"flip{op.slot}", op.slot, 1, np.int32)
-            return fn.flip(img, horizontal=0, vertical=flag) if op.vertical else fn.flip(img, horizontal=flag)
-        if isinstance(op, PixelOp):
-            flag = self._param(f"apply{op.slot}", op.slot, 1, np.int32)
-            x = fn.cast(img, dtype=types.INT32)
-            if op.kind == "invert":
-                y = x + flag * (255 - 2 * x)
-            elif op.kind == "solarize":
-                y = x + flag * (x >= op.arg) * (255 - 2 * x)
-            else:  # posterize
-                y = x + flag * ((x & op.arg) - x)
-            return fn.cast(y, dtype=types.UINT8)
-        if isinstance(op, Grayscale):
-            from . import dali_color
-            apply = None if op.slot is None else self._param(f"gray{op.slot}", op.slot, 1, np.float32, True)
-            return dali_color.grayscale(img, op.channels, apply)
-        if isinstance(op, Blur):
-            sigma = self._param(f"sigma{op.slot}", op.slot, 2, np.float32)
-            return fn.gaussian_blur(img, window_size=list(op.kernel), sigma=sigma)
-        if isinstance(op, Erase):
-            anchor = self._param(f"erase_at{op.slot}", op.slot, 2, np.float32)
-            shape = self._param(f"erase_hw{op.slot}", op.slot + 2, 2, np.float32)
-            return fn.erase(img, anchor=anchor, shape=shape, axis_names="HW", fill_value=list(op.value))
-        if isinstance(op, ToFloat):
-            img = fn.cast(img, dtype=types.FLOAT)
-            return img * op.scale if op.scale != 1.0 else img
-        if isinstance(op, Normalize):
-            return fn.crop_mirror_normalize(img, dtype=types.FLOAT, output_layout="HWC",
-                                            mean=list(op.mean), std=list(op.std))
-        if isinstance(op, ToCHW):
-            return img  # the layout is applied once, in the tail
-        raise TypeError(f"no lowering for {op!r}")  # pragma: no cover
 
     def _lower_tail(self, tail: List[object], img):
         from nvidia.dali import fn, types
         state = self.out_state
         kwargs = {}
-        flips = [op for op in tail if isinstance(op, Flip)]
+        flips = [op for op in tail if type(op) is Flip]
         if flips:
-            kwargs["mirror"] = self._param(f"flip{flips[0].slot}", flips[0].slot, 1, np.int32)
-        a, b = _affine([op for op in tail if isinstance(op, (ToFloat, Normalize))], state.channels)
+            kwargs["mirror"] = self.param(f"flip{flips[0].slot}", flips[0].slot, 1, np.int32)
+        a, b = compose_affine(tail, state.channels)
         if state.dtype == "float32":
             # (x - mean) / std == a * x + b  with  std = 1 / a, mean = -b / a
             kwargs.update(dtype=types.FLOAT, mean=list(-b / a), std=list(1.0 / a))
@@ -201,6 +145,90 @@ class Lowering:
             kwargs.update(dtype=types.UINT8)
         layout = "CHW" if state.kind == "tensor" else "HWC"
         return fn.crop_mirror_normalize(img, output_layout=layout, **kwargs)
+
+
+# ----------------------------------------------------------------------------- DALI kernels
+@DALI_KERNELS.register(Crop)
+def _crop(lw: Lowering, op: Crop, img):
+    from nvidia.dali import fn
+    anchor = lw.param(f"anchor{op.slot}", op.slot, 2, np.int32)
+    shape = lw.param(f"shape{op.slot}", op.slot + 2, 2, np.int32)
+    return fn.slice(img, anchor, shape, axis_names="HW", fill_values=list(op.fill),
+                    out_of_bounds_policy="error" if op.in_bounds else "pad")
+
+
+@DALI_KERNELS.register(Resize)
+def _resize(lw: Lowering, op: Resize, img):
+    from nvidia.dali import fn, types
+    interp = {"linear": types.INTERP_LINEAR, "cubic": types.INTERP_CUBIC, "nn": types.INTERP_NN}[op.interp]
+    if op.size is not None:
+        height, width = float(op.size[0]), float(op.size[1])
+    else:
+        height = lw.param(f"height{op.slot}", op.slot, 1, np.float32)
+        width = lw.param(f"width{op.slot}", op.slot + 1, 1, np.float32)
+    return fn.resize(img, resize_y=height, resize_x=width, interp_type=interp, antialias=op.antialias)
+
+
+@DALI_KERNELS.register(Flip)
+def _flip(lw: Lowering, op: Flip, img):
+    from nvidia.dali import fn
+    flag = lw.param(f"flip{op.slot}", op.slot, 1, np.int32)
+    return fn.flip(img, horizontal=0, vertical=flag) if op.vertical else fn.flip(img, horizontal=flag)
+
+
+_PIXEL_FORMULAS = {  # y as integer arithmetic on x, applied where flag is 1
+    "invert": lambda x, flag, arg: x + flag * (255 - 2 * x),
+    "solarize": lambda x, flag, arg: x + flag * (x >= arg) * (255 - 2 * x),
+    "posterize": lambda x, flag, arg: x + flag * ((x & arg) - x),
+}
+
+
+@DALI_KERNELS.register(PixelOp)
+def _pixel_op(lw: Lowering, op: PixelOp, img):
+    from nvidia.dali import fn, types
+    flag = lw.param(f"apply{op.slot}", op.slot, 1, np.int32)
+    y = _PIXEL_FORMULAS[op.kind](fn.cast(img, dtype=types.INT32), flag, op.arg)
+    return fn.cast(y, dtype=types.UINT8)
+
+
+@DALI_KERNELS.register(Grayscale)
+def _grayscale(lw: Lowering, op: Grayscale, img):
+    from . import dali_color
+    apply = None if op.slot is None else lw.param(f"gray{op.slot}", op.slot, 1, np.float32, True)
+    return dali_color.grayscale(img, op.channels, apply)
+
+
+@DALI_KERNELS.register(Blur)
+def _blur(lw: Lowering, op: Blur, img):
+    from nvidia.dali import fn
+    sigma = lw.param(f"sigma{op.slot}", op.slot, 2, np.float32)
+    return fn.gaussian_blur(img, window_size=list(op.kernel), sigma=sigma)
+
+
+@DALI_KERNELS.register(Erase)
+def _erase(lw: Lowering, op: Erase, img):
+    from nvidia.dali import fn
+    anchor = lw.param(f"erase_at{op.slot}", op.slot, 2, np.float32)
+    shape = lw.param(f"erase_hw{op.slot}", op.slot + 2, 2, np.float32)
+    return fn.erase(img, anchor=anchor, shape=shape, axis_names="HW", fill_value=list(op.value))
+
+
+@DALI_KERNELS.register(ToFloat)
+def _to_float(lw: Lowering, op: ToFloat, img):
+    from nvidia.dali import fn, types
+    img = fn.cast(img, dtype=types.FLOAT)
+    return img * op.scale if op.scale != 1.0 else img
+
+
+@DALI_KERNELS.register(Normalize)
+def _normalize(lw: Lowering, op: Normalize, img):
+    from nvidia.dali import fn, types
+    return fn.crop_mirror_normalize(img, dtype=types.FLOAT, output_layout="HWC", mean=list(op.mean), std=list(op.std))
+
+
+@DALI_KERNELS.register(ToCHW)
+def _to_chw(lw: Lowering, op: ToCHW, img):
+    return img  # the layout is applied once, in the tail
 
 
 class _Waiter:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
-from .ir import ChainState, Op, SampleGeometry, Step, ToCHW, Unsupported
+from .ir import ChainState, Op, Placement, SampleGeometry, Step, ToCHW, Unsupported, split_at_takeover
 from .translate import flatten, lookup, transform_name
 
 Path = Tuple[Any, ...]  # attribute names and list indices from the loader's dataset
@@ -98,9 +98,8 @@ def _translate(transforms: List[Any], input_kind: str) -> Plan:
     steps = [lookup(t)(t, state, alloc) for t in transforms]
     if not steps:
         raise Unsupported("the transform chain is empty")
-    from .torch_stage import ONLY_HERE, split  # warps and policies are exact only in the torch stage
-    dali_part, _ = split([op for s in steps for op in s.ops])
-    stuck = [op for op in dali_part if isinstance(op, ONLY_HERE)]
+    dali_part, _ = split_at_takeover([op for s in steps for op in s.ops])
+    stuck = [op for op in dali_part if op.placement is Placement.TORCH]
     if stuck:
         name = next(s.name for s in steps if stuck[0] in s.ops)
         raise Unsupported(f"{name} before a resize or crop runs in the worker (its exact kernel is in the "

@@ -83,7 +83,7 @@ def test_unsupported_chains_say_why(tf, reason):
 
 def test_torch_stage_takes_over_at_colour_jitter_only_when_it_can_finish():
     from dali_autoproxy.ir import ColorJitter
-    from dali_autoproxy.torch_stage import split
+    from dali_autoproxy.ir import split_at_takeover as split
     late = build_plan(T.Compose([T.RandomResizedCrop(64), T.ColorJitter(0.4), T.RandomGrayscale(),
                                  T.ToTensor(), T.Normalize([0.5] * 3, [0.5] * 3), T.RandomErasing()]), "encoded")
     dali_ops, torch_ops = split(late.ops)

@@ -10,41 +10,22 @@ point, float64) that torch ops reproduce exactly and DALI's float warp does not.
 arithmetic (exact), torchvision's own kernels for blur, tensor jitter and normalisation,
 per-sample params from the worker.
 
-One module per family registers a kernel per IR op type (``registry.kernel``); what has a
-kernel is what the stage can run (TORCH_OPS).
+One module per family registers a kernel per IR op type in ``TORCH_KERNELS``; which ops come
+here is the ops' ``placement`` (``ir.split_at_takeover``).
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple, Union
+from typing import List, Sequence, Union
 
 import numpy as np
 import torch
 
-from ..ir import Augment, ColorJitter, Perspective, TensorColorJitter, Warp
 from . import color, filters, geometry, policies, tensor, tensor_jitter  # noqa: F401  (register kernels)
 from .color import hue_tables
 from .geometry import perspective, warp
 from .policies import augment
-from .registry import KERNELS, Batch, upload
-from .tensor_jitter import tensor_jitter_kernels, tensor_color_jitter
-
-TORCH_OPS = tuple(KERNELS)
-# what DALI does slowly (jitter) or not exactly (warps, policies, torchvision's tensor kernels)
-TAKES_OVER_AT = (ColorJitter, TensorColorJitter, Warp, Perspective, Augment)
-ONLY_HERE = TAKES_OVER_AT  # needed in DALI: the plan stays in the worker
-
-
-def split(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
-    """(DALI's ops, torch's ops): torch takes over at the first op of TAKES_OVER_AT when it can
-    run everything from there on (and the per-pixel ops just before it)."""
-    for k, op in enumerate(ops):
-        if isinstance(op, TAKES_OVER_AT):
-            if all(isinstance(o, TORCH_OPS) for o in ops[k:]):
-                while k > 0 and isinstance(ops[k - 1], TORCH_OPS):
-                    k -= 1  # the stage also takes what precedes it, so DALI hands over uint8 pixels
-                return list(ops[:k]), list(ops[k:])
-            break
-    return list(ops), []
+from .registry import TORCH_KERNELS, Batch, upload
+from .tensor_jitter import tensor_color_jitter
 
 
 class TorchStage:
@@ -52,7 +33,7 @@ class TorchStage:
 
     def __init__(self, ops: Sequence[object]):
         self.ops = list(ops)
-        self.kernels = [KERNELS[type(op)] for op in self.ops]
+        self.kernels = [TORCH_KERNELS[op] for op in self.ops]
 
     def __call__(self, out: Union[torch.Tensor, List[torch.Tensor]], params) -> Union[torch.Tensor, List[torch.Tensor]]:
         if isinstance(out, list):  # sizes differ: one sample at a time
@@ -65,5 +46,4 @@ class TorchStage:
         return x.to(torch.uint8).contiguous() if batch.integer else x.contiguous()
 
 
-__all__ = ["TORCH_OPS", "TAKES_OVER_AT", "ONLY_HERE", "split", "TorchStage", "augment", "warp", "perspective",
-           "tensor_color_jitter", "hue_tables", "tensor_jitter_kernels"]
+__all__ = ["TORCH_KERNELS", "TorchStage", "augment", "warp", "perspective", "tensor_color_jitter", "hue_tables"]

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Tuple
 
+import numpy as np
 import torch
 
-from ..ir import ColorJitter, Grayscale, PixelOp
+from ..ir import ColorJitter, Grayscale, PixelOp, jitter_order
 from .registry import Batch, kernel, update_rows, upload
 
 
@@ -108,11 +109,9 @@ def color_jitter(x: torch.Tensor, op: ColorJitter, params: torch.Tensor, host) -
     enabled brightness/contrast/saturation steps of each sample become its 1st, 2nd and 3rd
     blend (one selected blend per step for the whole batch), and the hue pass runs on just
     the samples whose hue comes at that point."""
-    import numpy as np
-    order = np.minimum(host[:, op.slot:op.slot + 4].astype(np.int64), 4)  # 4: RandomApply's "skip"
-    enabled = np.append(np.asarray(op.enabled, dtype=bool), False)
-    is_blend = (order < 3) & enabled[order]
-    is_hue = (order == 3) & enabled[order]
+    order = jitter_order(host, op)
+    is_blend = (order >= 0) & (order < 3)
+    is_hue = order == 3
     blends_before = np.cumsum(is_blend, axis=1) - is_blend  # at each position of the order
     steps = np.full((len(order), 3), -1, dtype=np.int64)  # -1: nothing (identity)
     rows, cols = np.nonzero(is_blend)

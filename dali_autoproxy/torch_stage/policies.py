@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 from typing import List
 
+import numpy as np
 import torch
 
 from ..ir import AUGMENT_OPS, Augment
 from .color import autocontrast, blend, blend_step, equalize
 from .filters import smooth
 from .geometry import warp
+from ..tv_internals import rotation_matrix
 from .registry import Batch, kernel, update_rows, upload
 
 
@@ -24,7 +26,6 @@ _BLENDS = {"Brightness": 0, "Contrast": 1, "Color": 2}  # blend_step's codes
 def _policy_matrix(name: str, v: float, w: int, h: int) -> List[float]:
     """The inverse matrix torchvision's _apply_op hands to Pillow for a geometric operation."""
     from torchvision.transforms.functional import _get_inverse_affine_matrix
-    from ..translate.affine import rotation_matrix
     if name == "Rotate":
         return rotation_matrix(v, w, h, None)
     shear = [math.degrees(math.atan(v)), 0.0] if name == "ShearX" else \
@@ -39,7 +40,6 @@ def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
     grouped by kernel: every geometric operation is one warp (a matrix per sample), the three
     blends one blend pass, the others a group each; a group is gathered, computed and written
     back. Few groups matter: the stage runs on the main thread, and each costs launches."""
-    import numpy as np
     codes = host[:, op.slot].astype(np.int64)
     mags = host[:, op.slot + 1].astype(np.float64)
     names = [AUGMENT_OPS[c] for c in codes]
@@ -55,7 +55,6 @@ def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
 
 def _operation(sub: torch.Tensor, key: str, rows: List[int], names: List[str], mags, op: Augment) -> torch.Tensor:
     """One group of ``augment``: the samples ``rows`` (gathered in ``sub``), which drew ``key``."""
-    import numpy as np
     h, w, dev = sub.shape[2], sub.shape[3], sub.device
     m = mags[rows]
     if key == "warp":

@@ -3,10 +3,13 @@ context they see, and the host-to-device transfers that never stop the host."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
+
+from ..ir import Crop, Resize
+from ..kernel_table import KernelTable
 
 
 @dataclass
@@ -24,16 +27,10 @@ class Batch:
 
 
 Kernel = Callable[[torch.Tensor, object, Batch], torch.Tensor]
-KERNELS: Dict[type, Kernel] = {}
-
-
-def kernel(*op_types: type) -> Callable[[Kernel], Kernel]:
-    """Register the function that runs ops of these IR types on a [B, C, H, W] float batch."""
-    def deco(fn: Kernel) -> Kernel:
-        for t in op_types:
-            KERNELS[t] = fn
-        return fn
-    return deco
+# kernel(x, op, batch) -> x, on a [B, C, H, W] float batch
+TORCH_KERNELS = KernelTable("torch stage")
+TORCH_KERNELS.not_here("DALI runs crops and resizes before the stage takes over", Crop, Resize)
+kernel = TORCH_KERNELS.register
 
 
 def upload(values, device: torch.device, dtype=None) -> torch.Tensor:

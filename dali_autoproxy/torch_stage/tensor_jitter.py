@@ -7,14 +7,9 @@ import functools
 import numpy as np
 import torch
 
-from ..ir import TensorColorJitter
+from ..ir import TensorColorJitter, jitter_order
+from ..tv_internals import tensor_jitter_module
 from .registry import Batch, kernel, update_rows, upload
-
-
-def _require(module, *names: str) -> None:
-    """Raise AttributeError now (at translation) if torchvision renamed a private kernel."""
-    for name in names:
-        getattr(module, name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -25,8 +20,8 @@ def tensor_jitter_kernels(api: str):
     uses ``add_(other, alpha=...)`` (one fused multiply-add on both CPU and GPU) the product
     and sum are taken in float64 and rounded once, which is that fused result."""
     if api == "v2":
-        from torchvision.transforms.v2.functional import _color as C
         from torchvision.transforms.v2.functional import to_dtype_image
+        C = tensor_jitter_module("v2")
 
         def gray(img):
             g = C._rgb_to_grayscale_image(img, num_output_channels=1, preserve_dtype=False)
@@ -47,9 +42,8 @@ def tensor_jitter_kernels(api: str):
             h = h.add(f.float().view(-1, 1, 1)).remainder_(1.0)
             return to_dtype_image(C._hsv_to_rgb(torch.stack((h, sat, v), dim=-3)), img.dtype, scale=True)
         contrast_gray = gray
-        _require(C, "_rgb_to_grayscale_image", "_rgb_to_hsv", "_hsv_to_rgb")
     else:
-        from torchvision.transforms import _functional_tensor as C
+        C = tensor_jitter_module("v1")
 
         def gray(img):
             return C.rgb_to_grayscale(img)
@@ -69,7 +63,6 @@ def tensor_jitter_kernels(api: str):
             h, sat, v = C._rgb2hsv(x).unbind(dim=-3)
             h = (h + f.float().view(-1, 1, 1)) % 1.0
             return C.convert_image_dtype(C._hsv2rgb(torch.stack((h, sat, v), dim=-3)), img.dtype)
-        _require(C, "rgb_to_grayscale", "convert_image_dtype", "_rgb2hsv", "_hsv2rgb")
 
     def contrast(img, f):
         return mix(img, torch.mean(contrast_gray(img), dim=(-3, -2, -1), keepdim=True), f)
@@ -84,12 +77,12 @@ def tensor_color_jitter(x: torch.Tensor, op: TensorColorJitter, host, integer: b
     four positions of the order, the samples that apply the same adjustment there are computed
     together (torchvision's kernels, batched: tensor_jitter_kernels)."""
     kernels = tensor_jitter_kernels(op.api)
-    order = np.minimum(host[:, op.slot:op.slot + 4].astype(np.int64), 4)  # 4: RandomApply's "skip"
+    order = jitter_order(host, op)
     factors = np.asarray(host[:, op.slot + 4:op.slot + 8], dtype=np.float64)
     for k in range(4):
         for which in range(4):
             rows = np.flatnonzero(order[:, k] == which)
-            if len(rows) and op.enabled[which]:
+            if len(rows):
                 f = upload(factors[rows, which], x.device).view(-1, 1, 1, 1)
                 x = update_rows(x, rows, lambda sub, _, run=kernels[which], f=f:
                                 run(sub.to(torch.uint8) if integer else sub, f))

@@ -21,8 +21,11 @@ _NAMED: Dict[str, Converter] = {}  # "module.QualName" of optional libraries' cl
 
 
 def register(*types: type) -> Callable[[Converter], Converter]:
+    """Register ``fn`` as the converter of these transform types (exact types; once each)."""
     def deco(fn: Converter) -> Converter:
         for t in types:
+            if t in _REGISTRY:
+                raise ValueError(f"{t.__module__}.{t.__qualname__} already has a converter")
             _REGISTRY[t] = fn
         return fn
     return deco
@@ -33,6 +36,8 @@ def register_named(*names: str) -> Callable[[Converter], Converter]:
     has it and never imported by us when they do not."""
     def deco(fn: Converter) -> Converter:
         for name in names:
+            if name in _NAMED:
+                raise ValueError(f"{name} already has a converter")
             _NAMED[name] = fn
         return fn
     return deco

@@ -15,23 +15,24 @@ float64 with the C's operation order (and its bilinear filter's truncation): exa
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import Tuple
 
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
+from ..tv_internals import rotation_matrix
 from ..ir import PERSPECTIVE_IDENTITY, ChainState, Perspective, Step, Unsupported, Warp
 from . import register, transform_name, v2_params
-from .geometry import _as_mode
+from .geometry import as_mode
 
 
-def _pil_nearest(t, state: ChainState) -> None:
+def pil_nearest(t, state: ChainState) -> None:
     if state.kind != "pil":
         raise Unsupported(f"{transform_name(t)} on tensors (torch's grid_sample) is not translated; "
                           "on PIL images it is")
-    if _as_mode(t.interpolation) != InterpolationMode.NEAREST:
-        raise Unsupported(f"{transform_name(t)} with {_as_mode(t.interpolation).value} interpolation "
+    if as_mode(t.interpolation) != InterpolationMode.NEAREST:
+        raise Unsupported(f"{transform_name(t)} with {as_mode(t.interpolation).value} interpolation "
                           "(Pillow's filtered transform) is not translated; NEAREST is")
 
 
@@ -49,22 +50,9 @@ def pil_fill(fill, channels: int) -> Tuple[float, ...]:
     return tuple(float(int(v)) for v in values)
 
 
-def rotation_matrix(angle: float, width: int, height: int, center: Optional[Sequence[float]]) -> List[float]:
-    """Pillow's Image.rotate (expand=False): the inverse matrix it hands to its affine transform."""
-    if center is None:
-        center = (width / 2, height / 2)
-    a = -math.radians(angle % 360.0)
-    m = [round(math.cos(a), 15), round(math.sin(a), 15), 0.0, round(-math.sin(a), 15), round(math.cos(a), 15), 0.0]
-    m[2] = m[0] * -center[0] + m[1] * -center[1] + m[2]
-    m[5] = m[3] * -center[0] + m[4] * -center[1] + m[5]
-    m[2] += center[0]
-    m[5] += center[1]
-    return m
-
-
 @register(T.RandomRotation, v2.RandomRotation)
 def random_rotation(t, state: ChainState, alloc) -> Step:
-    _pil_nearest(t, state)
+    pil_nearest(t, state)
     if t.expand:
         raise Unsupported(f"{transform_name(t)}(expand=True) changes each image's size; not translated")
     fill = pil_fill(t.fill if not isinstance(t.fill, dict) else t.fill, state.channels)
@@ -89,7 +77,7 @@ def random_rotation(t, state: ChainState, alloc) -> Step:
 @register(T.RandomAffine, v2.RandomAffine)
 def random_affine(t, state: ChainState, alloc) -> Step:
     from torchvision.transforms.functional import _get_inverse_affine_matrix
-    _pil_nearest(t, state)
+    pil_nearest(t, state)
     fill = pil_fill(t.fill, state.channels)
     center = t.center
     slot = alloc(6)
@@ -118,7 +106,7 @@ def random_perspective(t, state: ChainState, alloc) -> Step:
     if state.kind != "pil":
         raise Unsupported(f"{transform_name(t)} on tensors (torch's grid_sample) is not translated; "
                           "on PIL images it is")
-    mode = _as_mode(t.interpolation)
+    mode = as_mode(t.interpolation)
     if mode not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
         raise Unsupported(f"{transform_name(t)} with {mode.value} interpolation (Pillow's bicubic filter) "
                           "is not translated; NEAREST and BILINEAR are")

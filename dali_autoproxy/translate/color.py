@@ -11,6 +11,7 @@ import torchvision.transforms.v2 as v2
 
 from ..ir import (ChainState, ColorJitter as ColorJitterOp, Grayscale as GrayscaleOp, PixelOp, Step,
                   TensorColorJitter, Unsupported)
+from ..tv_internals import tensor_jitter_module
 from . import coin_drawer, register, transform_name, v2_params
 
 
@@ -86,9 +87,8 @@ def color_jitter(t, state: ChainState, alloc) -> Step:
         return Step(transform_name(t), [], drawn, neutral=[])  # torchvision still draws the permutation
     if tensor:
         api = "v2" if isinstance(t, v2.Transform) else "v1"
-        from ..torch_stage import tensor_jitter_kernels
         try:
-            tensor_jitter_kernels(api)
+            tensor_jitter_module(api)
         except (ImportError, AttributeError) as exc:  # torchvision moved its private kernels
             raise Unsupported(f"{transform_name(t)} on tensors needs torchvision's tensor kernels, "
                               f"not found in this torchvision ({exc})") from None

@@ -17,7 +17,7 @@ from ..ir import ChainState, Crop, Flip, Resize, SampleGeometry, Step, Unsupport
 from . import coin_drawer, register, transform_name, v2_params
 
 
-def _as_mode(interpolation) -> InterpolationMode:
+def as_mode(interpolation) -> InterpolationMode:
     if isinstance(interpolation, InterpolationMode):
         return interpolation
     if isinstance(interpolation, str):
@@ -30,7 +30,7 @@ def _as_mode(interpolation) -> InterpolationMode:
 
 def resample_mode(interpolation, antialias: Optional[bool], state: ChainState) -> Tuple[str, bool]:
     """DALI's filter for torchvision's mode, or Unsupported where the two would differ."""
-    mode = _as_mode(interpolation)
+    mode = as_mode(interpolation)
     if state.kind == "pil":  # PIL always antialiases bilinear and bicubic
         table = {InterpolationMode.BILINEAR: ("linear", True), InterpolationMode.BICUBIC: ("cubic", True),
                  InterpolationMode.NEAREST: ("nn", False), InterpolationMode.NEAREST_EXACT: ("nn", False)}

@@ -14,11 +14,11 @@ import torchvision.transforms.v2 as v2
 
 from ..ir import AUGMENT_OPS, Augment, ChainState, Step, Unsupported
 from . import register, transform_name
-from .affine import _pil_nearest, pil_fill
+from .affine import pil_nearest, pil_fill
 
 
 def _policy_fill(t, state: ChainState):
-    _pil_nearest(t, state)
+    pil_nearest(t, state)
     fill = t.fill
     if isinstance(fill, dict):  # v2 keeps a per-type dict; PIL images get the PIL entry
         import PIL.Image
