@@ -42,7 +42,7 @@ CHAINS = {
 
 def profile(chain: str, a) -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    plan = build_plan(T.Compose(CHAINS[chain](a.size)), "encoded")
+    plan = build_plan(T.Compose(CHAINS[chain](a.size)))
     _, ops = split(plan.ops)
     torch.manual_seed(0)
     params = np.array([plan.draw(400, 500) for _ in range(a.batch)])

@@ -7,14 +7,14 @@ nor DALI; enable() patches torch's DataLoader when torch is (or gets) imported.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from .config import configure_logging, resolve_options
 from .patching import instrumentor
 from .report import format_report, print_report, report
 
 __version__ = "0.1.0"
-__all__ = ["enable", "disable", "is_enabled", "report", "print_report", "format_report"]
+__all__ = ["enable", "disable", "register_equivalent", "is_enabled", "report", "print_report", "format_report"]
 
 
 def enable(*, device: Optional[str] = None, output: Optional[str] = None,
@@ -29,6 +29,21 @@ def enable(*, device: Optional[str] = None, output: Optional[str] = None,
     options = resolve_options(device, output, log_level)
     configure_logging(options.log_level)
     instrumentor.instrument(options)
+
+
+def register_equivalent(cls: type, to_torchvision: Optional[Callable[[Any], Any]] = None) -> Any:
+    """Declare your own transform class equivalent to torchvision transforms, so that a chain
+    holding it moves to DALI whole::
+
+        @dali_autoproxy.register_equivalent(GaussianBlur)   # MoCo's PIL blur, random radius
+        def _(t):
+            return T.GaussianBlur(kernel_size=23, sigma=tuple(t.sigma))
+
+    ``to_torchvision(instance)`` returns the torchvision transform (or Compose) translated in
+    its place, with torchvision's random draws: the results are the equivalent's, by your
+    declaration. Register where the class is defined, at import time."""
+    from .translate import register_equivalent as register
+    return register(cls, to_torchvision)
 
 
 def disable() -> None:

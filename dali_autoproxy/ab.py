@@ -43,13 +43,13 @@ def child_main(argv: List[str]) -> int:
     ap.add_argument("script")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
-    from . import enable
+    from .config import configure_logging, resolve_options
     from .measure import Recorder, StopAB
     from .patching import instrumentor
     recorder = Recorder(a.arm, a.out, a.batches, a.seconds, a.warmup)
-    enable()
-    instrumentor.proxy = a.arm == "B"
-    instrumentor.recorder = recorder
+    options = resolve_options()
+    configure_logging(options.log_level)
+    instrumentor.instrument(options, proxy=a.arm == "B", recorder=recorder)
     sys.argv = [a.script] + a.args
     sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
     status, error, code = "finished", None, 0

@@ -1,5 +1,5 @@
-"""The loader side: deciding per DataLoader, swapping transforms in workers, and the
-iterator that runs DALI on each batch before the training loop sees it.
+"""The loader side: deciding per DataLoader, the set-up of its workers, and the iterator that
+runs DALI on each batch before the training loop sees it.
 
 DALI's own proxy sends work to the main process on a second queue and waits on it with
 no timeout; a pipeline that fails before producing output blocks forever, and the batch
@@ -18,37 +18,31 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import wrapt
-from torch.utils.data import get_worker_info
 
 from .config import Options, logger
+from .intercept import ChainRouter, WorkerInstaller, patch, routing, swap_folder_loaders, unswap
 from .ir import Unsupported
-from .planning import Path, Plan, build_plan, find_sites, resolve
+from .planning import Plan, build_plan, walk
 from .translate import flatten, transform_name
-from .transport import EncodedFileLoader, ProxyBatch, ProxyNode
+from .transport import ENCODED, RAW, ProxyBatch, ProxyGroup
 
 LOOKAHEAD = 2  # batches handed to DALI ahead of the one the loop is waiting for
+RunnerKey = Tuple[str, str]  # (plan key, input kind)
+NOTHING_ROUTED = ("no recognised chain was called with one image in __getitem__ (a joint image+target "
+                  "transform, say): the batches are plain torchvision's")
 
 
 # ----------------------------------------------------------------------------- decision
-@dataclass
-class SitePlan:
-    path: Path
-    plan_id: int
-    plan: Plan
-    decode: bool
-
-    def spec(self) -> Tuple[Path, int, str, bool, str]:
-        """Picklable description for workers (they rebuild the plan from their own copy)."""
-        return self.path, self.plan_id, self.plan.input_kind, self.decode, self.plan.signature()
-
-
 @dataclass
 class Decision:
     proxied: bool
     reason: Optional[str] = None
     device: Optional[str] = None
-    sites: List[SitePlan] = field(default_factory=list)
+    plans: Dict[str, Plan] = field(default_factory=dict)  # by key: the chains found in the dataset
+    chain_classes: set = field(default_factory=set)       # their types, whose calls the workers take
+    folders: int = 0                                      # plain ImageFolders: their files read as bytes
     worker_transforms: List[str] = field(default_factory=list)
+    unplanned: List[str] = field(default_factory=list)    # chains found that stay in the worker, and why
 
 
 def dali_import_error() -> Optional[str]:
@@ -71,15 +65,29 @@ def resolve_device(options: Options) -> Tuple[Optional[str], Optional[str]]:
                   "); DALI_AUTOPROXY_DEVICE=cpu runs DALI's CPU backend instead")
 
 
+def _path_text(path: Tuple[Any, ...]) -> str:
+    out = "dataset"
+    for step in path:
+        out += f"[{step!r}]" if isinstance(step, int) else f".{step}"
+    return out
+
+
+def chain_names(dataset: Any) -> List[str]:
+    """The transforms of every chain found in the dataset (the report's worker column)."""
+    try:
+        return [transform_name(t) for _, chain in walk(dataset).chains for t in flatten(chain)]
+    except Exception:
+        return []
+
+
 def decide(loader: Any, options: Options) -> Decision:
     """Proxy this loader, or say precisely why not. Never raises for user data."""
     from torch.utils.data.dataloader import _DatasetKind
     from torch.utils.data._utils.collate import default_collate
-    dataset = loader.dataset
-    names = _all_transform_names(dataset)
+    found = walk(loader.dataset)
+    names = [transform_name(t) for _, chain in found.chains for t in flatten(chain)]
     if loader._dataset_kind != _DatasetKind.Map:
-        return Decision(False, "IterableDataset is not supported (map-style datasets are)",
-                        worker_transforms=names)
+        return Decision(False, "IterableDataset is not supported (map-style datasets are)", worker_transforms=names)
     if not loader._auto_collation:
         return Decision(False, "batch_size=None (no batching): nothing for a batched pipeline",
                         worker_transforms=names)
@@ -89,20 +97,27 @@ def decide(loader: Any, options: Options) -> Decision:
     if max_batch_size(loader) is None:
         return Decision(False, "a batch_sampler without a batch_size attribute: the largest batch "
                         "(DALI's batch size) is unknown", worker_transforms=names)
-    sites = find_sites(dataset)
-    if not sites:
-        return Decision(False, "the dataset has no `transform` attribute to move", worker_transforms=names)
-    plans: List[SitePlan] = []
-    for plan_id, site in enumerate(sites):
+    if not found.chains:
+        return Decision(False, "no torchvision transform chain found in the dataset (its attributes, closures "
+                        "and the module globals its methods use)", worker_transforms=names)
+    plans: Dict[str, Plan] = {}
+    unplanned: List[str] = []
+    first_reason = None
+    for path, chain in found.chains:
         try:
-            plan = build_plan(site.holder.transform, "encoded" if site.decode else "raw")
+            plan = build_plan(chain)
         except Unsupported as exc:
-            return Decision(False, f"transform: {exc}", worker_transforms=names)
-        plans.append(SitePlan(site.path, plan_id, plan, site.decode and plan.input_kind == "encoded"))
+            first_reason = first_reason or exc
+            unplanned.append(f"{_path_text(path)}: {exc}")
+            continue
+        plans.setdefault(plan.key, plan)
+    if not plans:
+        return Decision(False, f"transform: {first_reason}", worker_transforms=names)
     device, why = resolve_device(options)
     if device is None:
         return Decision(False, why, worker_transforms=names)
-    return Decision(True, None, device, plans, [])
+    classes = {type(chain) for _, chain in found.chains}
+    return Decision(True, None, device, plans, classes, len(found.folders), unplanned=unplanned)
 
 
 def max_batch_size(loader: Any) -> Optional[int]:
@@ -111,61 +126,6 @@ def max_batch_size(loader: Any) -> Optional[int]:
         return int(loader.batch_size)
     size = getattr(loader.batch_sampler, "batch_size", None)
     return int(size) if isinstance(size, int) and size > 0 else None
-
-
-def _all_transform_names(dataset: Any) -> List[str]:
-    try:
-        return [transform_name(t) for s in find_sites(dataset) for t in flatten(s.holder.transform)]
-    except Exception:
-        return []
-
-
-# ----------------------------------------------------------------------------- workers
-def install(dataset: Any, specs: List[Tuple[Path, int, str, bool, str]],
-            plans: Optional[Dict[int, Plan]] = None) -> List[Tuple[Any, str, Any]]:
-    """Swap the dataset's transforms (and PIL loader) for proxy nodes; return an undo list."""
-    undo: List[Tuple[Any, str, Any]] = []
-    for path, plan_id, input_kind, decode, signature in specs:
-        holder = resolve(dataset, path)
-        original = holder.transform
-        try:
-            plan = plans[plan_id] if plans else build_plan(original, input_kind)
-        except Unsupported:
-            plan = None
-        if plan is None or plan.signature() != signature:
-            # changed since the main process planned (say, by a worker_init_fn): leave this
-            # site to torchvision; its finished tensors pass through the iterator untouched
-            continue
-        node = ProxyNode(plan_id, plan, original, getattr(holder, "samples", None))
-        undo.append((holder, "transform", original))
-        holder.transform = node
-        standard = getattr(holder, "transforms", None)
-        if standard is not None and getattr(standard, "transform", None) is original:
-            undo.append((standard, "transform", original))
-            standard.transform = node
-        if decode:
-            undo.append((holder, "loader", holder.loader))
-            holder.loader = EncodedFileLoader()
-    return undo
-
-
-def uninstall(undo: List[Tuple[Any, str, Any]]) -> None:
-    for obj, attr, value in reversed(undo):
-        setattr(obj, attr, value)
-
-
-class WorkerInstaller:
-    """The worker_init_fn of a proxied loader: run the user's worker_init_fn, then swap the
-    transforms in the worker's dataset copy. Picklable, for spawn and forkserver workers."""
-
-    def __init__(self, specs, user_init_fn):
-        self.specs = specs
-        self.user_init_fn = user_init_fn
-
-    def __call__(self, worker_id: int) -> None:
-        if self.user_init_fn is not None:  # first: it may expect the dataset as the user left it
-            self.user_init_fn(worker_id)
-        install(get_worker_info().dataset, self.specs)
 
 
 # ----------------------------------------------------------------------------- per-loader state
@@ -179,11 +139,12 @@ class LoaderState:
         self.record: Dict[str, Any] = {
             "loader": next(_ids), "dataset": type(loader.dataset).__name__,
             "batch_size": loader.batch_size, "num_workers": loader.num_workers,
-            "proxied": False, "reason": "not iterated yet", "decode_on_dali": False,
-            "worker_transforms": [], "dali_transforms": [], "device": "torchvision",
+            "proxied": False, "reason": "not iterated yet", "decode": "-", "decode_on_dali": False, "decoded_on_dali": 0,
+            "decoded_in_worker": {}, "worker_transforms": [], "dali_transforms": [], "device": "torchvision",
             "output": "cpu", "batches": 0, "samples": 0, "cpu_path_samples": 0, "partial": None,
         }
-        self.idle_runners: Dict[int, list] = collections.defaultdict(list)
+        self.idle_runners: Dict[RunnerKey, list] = collections.defaultdict(list)
+        self.plans: Dict[str, Plan] = {}
         self.lock = threading.Lock()
         self._logged: Optional[Tuple[bool, Optional[str]]] = None
 
@@ -191,17 +152,12 @@ class LoaderState:
         rec = self.record
         rec["proxied"], rec["reason"] = decision.proxied, decision.reason
         if decision.proxied:
+            self.plans.update(decision.plans)
             rec["device"] = decision.device
             rec["output"] = output_device(decision.device, options)
-            rec["decode_on_dali"] = any(s.decode for s in decision.sites)
-            rec["dali_transforms"] = (["decode"] if rec["decode_on_dali"] else []) + \
-                [n for s in decision.sites for n in s.plan.names]
-            rec["worker_transforms"] = [n for s in decision.sites for n in s.plan.worker_names]
-            splits = [f"{' -> '.join(s.plan.worker_names)} | {' -> '.join(s.plan.names)} ({s.plan.split_reason})"
-                      for s in decision.sites if s.plan.worker_prefix]
-            rec["partial"] = "; ".join(splits) or None
+            self._describe_plans()
         else:
-            rec["device"], rec["output"], rec["decode_on_dali"] = "torchvision", "cpu", False
+            rec["device"], rec["output"] = "torchvision", "cpu"
             rec["dali_transforms"], rec["worker_transforms"] = [], decision.worker_transforms
             rec["partial"] = None
         key = (decision.proxied, decision.reason)
@@ -212,6 +168,8 @@ class LoaderState:
                             rec["dataset"], rec["device"], " -> ".join(rec["dali_transforms"]))
                 if rec["partial"]:
                     logger.info("DataLoader #%d: partial offload, worker | DALI: %s", rec["loader"], rec["partial"])
+                for line in decision.unplanned:
+                    logger.info("DataLoader #%d: stays in the worker: %s", rec["loader"], line)
                 if rec["output"] != "cpu":
                     logger.info("DataLoader #%d: batches arrive as CUDA tensors on %s; if the model runs "
                                 "on the CPU, set DALI_AUTOPROXY_OUTPUT=cpu (or enable(output='cpu'))",
@@ -220,28 +178,89 @@ class LoaderState:
                 logger.warning("DataLoader #%d (%s): running plain torchvision: %s", rec["loader"],
                                rec["dataset"], decision.reason)
 
-    def take_runner(self, site: SitePlan, batch_size: int, device: str):
+    def _describe_plans(self) -> None:
+        rec, plans = self.record, list(self.plans.values())
+        rec["dali_transforms"] = (["decode"] if rec["decode_on_dali"] else []) + [n for p in plans for n in p.names]
+        rec["worker_transforms"] = [n for p in plans for n in p.worker_names]
+        splits = [f"{' -> '.join(p.worker_names)} | {' -> '.join(p.names)} ({p.split_reason})"
+                  for p in plans if p.worker_prefix]
+        rec["partial"] = "; ".join(splits) or None
+
+    def learn(self, plan: Plan) -> None:
+        """A plan a worker announced (a chain the walk did not find)."""
+        with self.lock:
+            if plan.key not in self.plans:
+                self.plans[plan.key] = plan
+                logger.info("DataLoader #%d: a chain called in the workers joins DALI: %s",
+                            self.record["loader"], " -> ".join(plan.names))
+                self._describe_plans()
+
+    def count_decoding(self, pb: ProxyBatch) -> None:
+        rec = self.record
+        rec["decoded_on_dali"] += sum(len(g.indices) for g in pb.groups if g.kind == ENCODED)
+        for why, n in pb.why.items():
+            rec["decoded_in_worker"][why] = rec["decoded_in_worker"].get(why, 0) + n
+        if rec["decoded_on_dali"] and not rec["decode_on_dali"]:
+            rec["decode_on_dali"] = True
+            self._describe_plans()
+        total = rec["decoded_on_dali"] + sum(rec["decoded_in_worker"].values())
+        if total:
+            parts = [f"DALI {100 * rec['decoded_on_dali'] / total:.0f}%"] if rec["decoded_on_dali"] else []
+            parts += [f"worker {100 * n / total:.0f}% ({why})" for why, n in rec["decoded_in_worker"].items()]
+            rec["decode"] = "; ".join(parts)
+
+    def take_runner(self, plan: Plan, kind: str, batch_size: int, device: str):
         from .pipeline import DaliRunner
         with self.lock:
-            pool = self.idle_runners[site.plan_id]
+            pool = self.idle_runners[(plan.key, kind)]
             while pool:
                 runner = pool.pop()
-                if runner.plan.signature() == site.plan.signature() and runner.batch_size == batch_size:
+                if runner.batch_size == batch_size:
                     runner.drain()
                     return runner
         device_id = torch.cuda.current_device() if device == "gpu" else None
-        return DaliRunner(site.plan, batch_size, device, device_id)
+        return DaliRunner(plan, kind, batch_size, device, device_id)
 
-    def give_back(self, runners: Dict[int, Any]) -> None:
+    def give_back(self, runners: Dict[RunnerKey, Any]) -> None:
         with self.lock:
-            for plan_id, runner in runners.items():
-                self.idle_runners[plan_id].append(runner)
+            for key, runner in runners.items():
+                self.idle_runners[key].append(runner)
 
 
 def output_device(device: str, options: Options) -> str:
     if device == "gpu" and options.output == "auto":
         return f"cuda:{torch.cuda.current_device()}"
     return "cpu"
+
+
+def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Options) -> Any:
+    """The DataLoader's ``_get_iterator``, proxied when the decision says so. DALI pipelines are
+    built before any worker starts, so a failure there is a clean fallback."""
+    try:
+        decision = decide(loader, options)
+        state.update(decision, options)
+        if not decision.proxied:
+            return wrapped()
+        batch_size = max_batch_size(loader)
+        for plan in decision.plans.values():
+            kind = RAW if plan.worker_prefix else ENCODED
+            state.give_back({(plan.key, kind): state.take_runner(plan, kind, batch_size, decision.device)})
+    except Exception as exc:
+        state.update(Decision(False, f"set-up failed ({exc.__class__.__name__}: {exc})",
+                              worker_transforms=chain_names(loader.dataset)), options)
+        logger.debug("set-up failed", exc_info=True)
+        return wrapped()
+    if loader.num_workers > 0:
+        user_init = loader.worker_init_fn
+        loader.worker_init_fn = WorkerInstaller(set(decision.plans), decision.chain_classes, user_init)
+        try:
+            inner = wrapped()
+        finally:
+            loader.worker_init_fn = user_init
+    else:
+        patch(decision.chain_classes)
+        inner = wrapped()
+    return ProxiedIterator(inner, loader, state, decision, options)
 
 
 # ----------------------------------------------------------------------------- the iterator
@@ -286,26 +305,42 @@ class ProxiedIterator(wrapt.ObjectProxy):
     def __init__(self, inner: Any, loader: Any, state: LoaderState, decision: Decision, options: Options):
         super().__init__(inner)
         self._self_state = state
-        self._self_decision = decision
+        self._self_device = decision.device
         self._self_out = output_device(decision.device, options)
         self._self_pin = bool(loader.pin_memory) and torch.cuda.is_available()
         self._self_batch_size = max_batch_size(loader)
         self._self_inflight: collections.deque = collections.deque()
         self._self_count = 0
-        self._self_runners: Dict[int, Any] = {}
-        self._self_main_dataset = loader.dataset if loader.num_workers == 0 else None
+        self._self_runners: Dict[RunnerKey, Any] = {}
+        self._self_broken: Dict[RunnerKey, Exception] = {}  # pipelines that could not be built
         self._self_dataset = loader.dataset
+        self._self_main_dataset = loader.dataset if loader.num_workers == 0 else None
+        self._self_router = ChainRouter(decision.plans) if loader.num_workers == 0 else None
         self._self_timeout = float(loader.timeout) if loader.timeout else None
-        self._self_plans = {s.plan_id: s.plan for s in decision.sites}
-        self._self_specs = [s.spec() for s in decision.sites]
-        self._self_acquire()
+        weakref.finalize(self, state.give_back, self._self_runners)
 
     # -- runners
-    def _self_acquire(self) -> None:
-        state, dec = self._self_state, self._self_decision
-        self._self_runners = {s.plan_id: state.take_runner(s, self._self_batch_size, dec.device)
-                              for s in dec.sites}
-        weakref.finalize(self, state.give_back, self._self_runners)
+    def _self_runner(self, group: ProxyGroup) -> Optional[Any]:
+        """The pipeline for a group's plan and input kind, built on first use; None when it
+        cannot be built (the group is then computed on the CPU)."""
+        key = (group.key, group.kind)
+        runner = self._self_runners.get(key)
+        if runner is None and key not in self._self_broken:
+            state = self._self_state
+            if group.plan is not None:
+                state.learn(group.plan)
+            plan = state.plans.get(group.key)
+            try:
+                if plan is None:
+                    raise RuntimeError(f"no plan {group.key} was announced")
+                runner = state.take_runner(plan, group.kind, self._self_batch_size, self._self_device)
+            except Exception as exc:
+                logger.warning("DataLoader #%d: no DALI pipeline for %s (%s): those samples are computed "
+                               "by PIL and torchvision", state.record["loader"], group.key, exc)
+                self._self_broken[key] = exc
+                return None
+            self._self_runners[key] = runner
+        return runner
 
     def _reset(self, loader: Any, *args: Any, **kwargs: Any) -> None:
         """persistent_workers: a new epoch on the same iterator."""
@@ -332,26 +367,32 @@ class ProxiedIterator(wrapt.ObjectProxy):
             raise entry.error
         return self._self_finish(entry)
 
-    def _self_pull(self) -> Optional[_InFlight]:
-        undo = None
+    def _self_fetch(self) -> Any:
+        if self._self_main_dataset is None:
+            return self.__wrapped__.__next__()
+        undo = swap_folder_loaders(self._self_main_dataset)  # num_workers=0: around the fetch
         try:
-            if self._self_main_dataset is not None:  # num_workers=0: swap around the fetch
-                undo = install(self._self_main_dataset, self._self_specs, self._self_plans)
-            batch = self.__wrapped__.__next__()
+            with routing(self._self_router):
+                return self.__wrapped__.__next__()
+        finally:
+            unswap(undo)
+
+    def _self_pull(self) -> Optional[_InFlight]:
+        try:
+            batch = self._self_fetch()
         except StopIteration:
             return None
         except Exception as exc:  # raised in its place in the batch order, as the DataLoader does
             return _InFlight(error=exc)
-        finally:
-            if undo:
-                uninstall(undo)
         index = self._self_count
         self._self_count += 1
         proxies: List[ProxyBatch] = []
         _find_proxy_batches(batch, proxies)
         for pb in proxies:
             for group in pb.groups:
-                self._self_runners[group.plan_id].submit(group)
+                runner = self._self_runner(group)
+                if runner is not None:
+                    runner.submit(group)
         return _InFlight(batch, proxies, None, index)
 
     def _self_finish(self, entry: _InFlight):
@@ -360,8 +401,12 @@ class ProxiedIterator(wrapt.ObjectProxy):
             for pb in entry.proxies:
                 outputs = []
                 for gi, group in enumerate(pb.groups):
+                    runner = self._self_runners.get((group.key, group.kind))
+                    if runner is None:
+                        outputs.append(self._self_on_cpu(group, entry.index, self._self_broken[(group.key, group.kind)]))
+                        continue
                     try:
-                        outputs.append(self._self_runners[group.plan_id].collect(self._self_timeout))
+                        outputs.append(runner.collect(self._self_timeout))
                     except Exception as exc:
                         self._self_recover(entry, pb, gi)
                         outputs.append(self._self_on_cpu(group, entry.index, exc))
@@ -369,20 +414,25 @@ class ProxiedIterator(wrapt.ObjectProxy):
         finally:
             rec = self._self_state.record
             rec["batches"] += 1
+            if not entry.proxies and not rec["samples"]:
+                rec["reason"] = NOTHING_ROUTED
+            elif entry.proxies and rec["reason"] == NOTHING_ROUTED:
+                rec["reason"] = None
             for pb in entry.proxies:
                 rec["samples"] += pb.size
                 rec["cpu_path_samples"] += len(pb.done_indices)
+                self._self_state.count_decoding(pb)
         return _replace(entry.batch, table)
 
-    def _self_on_cpu(self, group, batch_index: int, dali_error: Exception) -> List[torch.Tensor]:
+    def _self_on_cpu(self, group: ProxyGroup, batch_index: int, dali_error: Exception) -> List[torch.Tensor]:
         """DALI failed on this batch: replay its samples through PIL and torchvision's
         functional ops with the params drawn in the worker (PIL's pixels, or PIL's error)."""
         from .cpu_path import decode_like_pil_loader, run_plan
-        plan = self._self_plans[group.plan_id]
+        plan = self._self_state.plans[group.key]
         out = []
         for k, (view, path) in enumerate(zip(group.payload_views(), group.paths)):
             try:
-                img = decode_like_pil_loader(view.tobytes()) if plan.input_kind == "encoded" else view
+                img = decode_like_pil_loader(view.tobytes()) if group.kind == ENCODED else view
                 out.append(run_plan(plan, img, group.params[k].tolist()))
             except Exception as exc:
                 msg = (f"{exc} [{self._self_describe(path)}; batch {batch_index}; "
@@ -399,25 +449,26 @@ class ProxiedIterator(wrapt.ObjectProxy):
         return out
 
     def _self_describe(self, path: Optional[str]) -> str:
-        """'dataset index N, file F' for DatasetFolder-like datasets, else what is known."""
+        """'dataset index N, file F' where the dataset lists its files, else what is known."""
         if path is None:
             return "pixels produced by the dataset"
-        for site in find_sites(self._self_dataset):
-            for i, sample in enumerate(getattr(site.holder, "samples", ()) or ()):
+        for folder in walk(self._self_dataset).folders:
+            for i, sample in enumerate(getattr(folder, "samples", ()) or ()):
                 if sample[0] == path:
-                    return f"{type(site.holder).__name__} index {i}, file {path}"
+                    return f"{type(folder).__name__} index {i}, file {path}"
         return f"file {path}"
 
     def _self_recover(self, failed: _InFlight, pb: ProxyBatch, group_index: int) -> None:
         """Rebuild the failed runner and resubmit what was queued behind the failed batch."""
-        plan_id = pb.groups[group_index].plan_id
-        runner = self._self_runners[plan_id]
+        key = (pb.groups[group_index].key, pb.groups[group_index].kind)
+        runner = self._self_runners[key]
         runner.rebuild()
-        later_groups = [g for g in pb.groups[group_index + 1:] if g.plan_id == plan_id]
-        later_groups += [g for pb2 in failed.proxies[failed.proxies.index(pb) + 1:]
-                         for g in pb2.groups if g.plan_id == plan_id]
-        later_groups += [g for e in self._self_inflight for pb2 in e.proxies
-                         for g in pb2.groups if g.plan_id == plan_id]
+
+        def same(g: ProxyGroup) -> bool:
+            return (g.key, g.kind) == key
+        later_groups = [g for g in pb.groups[group_index + 1:] if same(g)]
+        later_groups += [g for pb2 in failed.proxies[failed.proxies.index(pb) + 1:] for g in pb2.groups if same(g)]
+        later_groups += [g for e in self._self_inflight for pb2 in e.proxies for g in pb2.groups if same(g)]
         for g in later_groups:
             runner.submit(g)
 

@@ -19,10 +19,13 @@ from .config import Options, logger
 _DATALOADER_MODULE = "torch.utils.data.dataloader"
 
 
+_MISSING = object()
+
+
 class Instrumentor:
     def __init__(self) -> None:
         self.options: Optional[Options] = None
-        self._patched: List[Tuple[Any, str, Any]] = []  # (owner, attribute, original)
+        self._patched: List[Tuple[Any, str, Any]] = []  # (owner, attribute, original or _MISSING)
         self._hook_registered = False
         self._lock = threading.RLock()
         self.states: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -34,9 +37,12 @@ class Instrumentor:
     def active(self) -> bool:
         return self.options is not None
 
-    def instrument(self, options: Options) -> None:
+    def instrument(self, options: Options, *, proxy: bool = True, recorder: Any = None) -> None:
+        """Patch (once) and set the options; ``proxy=False`` and ``recorder`` are the A/B
+        command's: arm A measures plain loaders, and the recorder times every loader."""
         with self._lock:
             self.options = options  # a second enable() only updates the options
+            self.proxy, self.recorder = proxy, recorder
             if not self._hook_registered:
                 wrapt.register_post_import_hook(self._patch_dataloader, _DATALOADER_MODULE)
                 self._hook_registered = True
@@ -49,24 +55,31 @@ class Instrumentor:
     def uninstrument(self) -> None:
         with self._lock:
             for owner, name, original in reversed(self._patched):
-                setattr(owner, name, original)
+                if original is _MISSING:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, original)
             self._patched.clear()
             self.options = None
+            self.proxy, self.recorder = True, None
+
+    def wrap(self, owner: Any, name: str, wrapper: Callable) -> None:
+        """Wrap ``owner.name`` in place with a wrapt wrapper (once), recording the original; an
+        inherited attribute gets the wrapper on ``owner`` itself, removed again on undo."""
+        with self._lock:
+            own = owner.__dict__.get(name, _MISSING)
+            if isinstance(own, wrapt.FunctionWrapper):  # already ours
+                return
+            wrapt.wrap_function_wrapper(owner, name, wrapper)
+            self._patched.append((owner, name, own))
 
     # -- patches
-    def _wrap(self, owner: Any, name: str, wrapper: Callable) -> None:
-        original = owner.__dict__[name]
-        if isinstance(original, wrapt.FunctionWrapper):  # already ours
-            return
-        wrapt.wrap_function_wrapper(owner, name, wrapper)
-        self._patched.append((owner, name, original))
-
     def _patch_dataloader(self, module: Any) -> None:
         with self._lock:
             if not self.active:  # hook fired after disable()
                 return
-            self._wrap(module.DataLoader, "__init__", self._on_init)
-            self._wrap(module.DataLoader, "_get_iterator", self._on_get_iterator)
+            self.wrap(module.DataLoader, "__init__", self._on_init)
+            self.wrap(module.DataLoader, "_get_iterator", self._on_get_iterator)
 
     def state_for(self, loader: Any):
         from .loader import LoaderState
@@ -90,41 +103,15 @@ class Instrumentor:
         return result
 
     def _on_get_iterator(self, wrapped, instance, args, kwargs):
-        iterator = self._iterator(wrapped, instance, args, kwargs)
-        if self.recorder is not None and self.active:
-            iterator = self.recorder.wrap(iterator, self.state_for(instance).record)
-        return iterator
-
-    def _iterator(self, wrapped, instance, args, kwargs):
         options = self.options
-        if options is None or not self.proxy:
+        if options is None:
             return wrapped(*args, **kwargs)
-        from .loader import ProxiedIterator, WorkerInstaller, decide, max_batch_size
+        from .loader import make_iterator
         state = self.state_for(instance)
-        try:
-            decision = decide(instance, options)
-            state.update(decision, options)
-            if not decision.proxied:
-                return wrapped(*args, **kwargs)
-            # build the pipelines before any worker starts: a failure here is a clean fallback
-            for site in decision.sites:
-                state.give_back({site.plan_id: state.take_runner(site, max_batch_size(instance), decision.device)})
-        except Exception as exc:
-            from .loader import Decision, _all_transform_names
-            state.update(Decision(False, f"set-up failed ({exc.__class__.__name__}: {exc})",
-                                  worker_transforms=_all_transform_names(instance.dataset)), options)
-            logger.debug("set-up failed", exc_info=True)
-            return wrapped(*args, **kwargs)
-        if instance.num_workers > 0:
-            user_init = instance.worker_init_fn
-            instance.worker_init_fn = WorkerInstaller([s.spec() for s in decision.sites], user_init)
-            try:
-                inner = wrapped(*args, **kwargs)
-            finally:
-                instance.worker_init_fn = user_init
-        else:
-            inner = wrapped(*args, **kwargs)
-        return ProxiedIterator(inner, instance, state, decision, options)
+        iterator = make_iterator(wrapped, instance, state, options) if self.proxy else wrapped(*args, **kwargs)
+        if self.recorder is not None:
+            iterator = self.recorder.wrap(iterator, state.record)
+        return iterator
 
 
 instrumentor = Instrumentor()

@@ -77,10 +77,10 @@ class Lowering:
     """Builds the DALI graph for a plan; knows which external sources need which params.
     Each op is lowered by its kernel in DALI_KERNELS: ``kernel(lowering, op, img) -> img``."""
 
-    def __init__(self, plan: Plan, device: str):
+    def __init__(self, plan: Plan, input_kind: str, device: str):
         self.plan = plan
         self.device = device  # "gpu" or "cpu"
-        self.input_kind = plan.input_kind  # "encoded" (file bytes) or "raw" (HWC uint8 pixels)
+        self.input_kind = input_kind  # "encoded" (JPEG bytes) or "raw" (HWC uint8 pixels)
         self.feeds: List[Tuple[str, int, int, object]] = []  # (name, column, width, numpy dtype)
         self.ops, torch_ops = split_at_takeover(plan.ops)
         self.torch_stage = TorchStage(torch_ops) if torch_ops else None
@@ -107,7 +107,9 @@ class Lowering:
                                   layout=None if encoded else "HWC")
         if encoded:
             decode_device = "mixed" if self.device == "gpu" else "cpu"
-            common = dict(device=decode_device, output_type=types.RGB, adjust_orientation=False)
+            # jpeg_fancy_upsampling: the GPU decoder upsamples chroma as libjpeg-turbo (Pillow) does
+            common = dict(device=decode_device, output_type=types.RGB, adjust_orientation=False,
+                          jpeg_fancy_upsampling=True)
             first = ops[0] if ops else None
             if type(first) is Crop and first.in_bounds:  # region-of-interest decode
                 ops.pop(0)
@@ -272,11 +274,13 @@ def default_num_threads(device: str) -> int:
 
 
 class DaliRunner:
-    """One DALI pipeline for one plan: batches go in with submit(), come out in FIFO order."""
+    """One DALI pipeline for one plan and input kind: batches go in with submit(), come out in
+    FIFO order."""
 
-    def __init__(self, plan: Plan, batch_size: int, device: str, device_id: Optional[int],
+    def __init__(self, plan: Plan, input_kind: str, batch_size: int, device: str, device_id: Optional[int],
                  num_threads: Optional[int] = None, prefetch: int = 2):
         self.plan = plan
+        self.input_kind = input_kind
         self.batch_size = batch_size
         self.device = device
         self.device_id = device_id
@@ -290,7 +294,7 @@ class DaliRunner:
 
     def _build(self) -> None:
         from nvidia.dali import Pipeline
-        self.lowering = Lowering(self.plan, self.device)
+        self.lowering = Lowering(self.plan, self.input_kind, self.device)
         pipe = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
                         device_id=self.device_id if self.device == "gpu" else None,
                         prefetch_queue_depth=self.prefetch, exec_dynamic=True)

@@ -7,7 +7,7 @@ from typing import IO, List, Optional
 
 from .patching import instrumentor
 
-COLUMNS = ("loader", "dataset", "proxied", "device", "decode_on_dali", "dali_transforms",
+COLUMNS = ("loader", "dataset", "proxied", "device", "decode", "dali_transforms",
            "worker_transforms", "partial", "batches", "samples", "cpu_path_samples", "reason")
 
 

@@ -1,171 +1,95 @@
 """Worker-to-main transport: what a worker hands over instead of a processed image.
 
-In the worker, the dataset's transform is replaced by a :class:`ProxyNode`. It returns a
-:class:`ProxySample` (the file's encoded bytes or the image's pixels, plus the per-sample
-params drawn with torchvision's RNG calls). ``default_collate`` batches those into one
-:class:`ProxyBatch`, whose pixel bytes sit in a single shared-memory tensor: one file
-descriptor per batch, no pickling of image data. The batch then travels through the
-DataLoader's own result queue, so ordering, timeouts and worker errors are the DataLoader's.
+In the worker, a recognised chain's call returns a :class:`ProxySample` (see ``intercept.py``):
+the image's encoded JPEG bytes or its pixels, plus the per-sample params drawn with
+torchvision's RNG calls. ``default_collate`` batches those into one :class:`ProxyBatch`, whose
+bytes sit in a single shared-memory tensor per group: one file descriptor per batch, no
+pickling of image data. The batch then travels through the DataLoader's own result queue, so
+ordering, timeouts and worker errors are the DataLoader's.
 
-Samples DALI should not see (PNG, CMYK, unreadable headers...) take the original transform
-on the CPU right here; they travel as finished tensors and are merged back in place.
+Samples DALI should not see (PNG, CMYK, a tensor input...) take the original chain on the CPU
+right here; they travel as finished tensors and are merged back in place.
 """
 from __future__ import annotations
 
-import io
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 
+from .deferred import DeferredJpeg, encoded_jpeg
 from .planning import Plan
+from .translate import flatten
 
-DALI_DECODABLE = {("JPEG", "RGB"), ("JPEG", "L")}  # decoded by DALI exactly as PIL's .convert("RGB")
+ENCODED, RAW = "encoded", "raw"  # what a DALI pipeline takes in: JPEG bytes, or HWC uint8 pixels
 
-
-def has_end_marker(data: bytes) -> bool:
-    """A complete JPEG ends with EOI (FF D9), maybe followed by padding. Byte stuffing keeps
-    FF D9 out of the entropy-coded data, so its absence near the end means truncation."""
-    return data.rfind(b"\xff\xd9", max(0, len(data) - 4096)) != -1
-
-
-_SOF_BASELINE_PROGRESSIVE = (0xC0, 0xC1, 0xC2)  # 8-bit Huffman frames, which PIL opens as "L"/"RGB"
-_STANDALONE = set(range(0xD0, 0xD8)) | {0x01}     # markers without a length field
-
-
-def plain_jpeg_header(data: bytes) -> Optional[Tuple[str, int, int]]:
-    """(mode, width, height) of an ordinary JPEG, read from its markers in a few microseconds,
-    or None for anything else (then PIL's own header parse decides, as before). Ordinary:
-    SOI, well-formed segments, an 8-bit baseline/extended/progressive frame with 1 or 3
-    components and no Adobe marker (its colour transform is left to PIL), before the first
-    scan. PIL opens every such file as "L" or "RGB" with these dimensions."""
-    n = len(data)
-    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
-        return None
-    pos, frame = 2, None
-    while pos + 4 <= n:
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker in _STANDALONE:
-            pos += 2
-            continue
-        length = (data[pos + 2] << 8) | data[pos + 3]
-        if length < 2 or pos + 2 + length > n:
-            return None
-        if marker == 0xEE:  # Adobe: colour transform flags
-            return None
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            if marker not in _SOF_BASELINE_PROGRESSIVE or frame is not None or length < 8:
-                return None
-            precision = data[pos + 4]
-            height = (data[pos + 5] << 8) | data[pos + 6]
-            width = (data[pos + 7] << 8) | data[pos + 8]
-            components = data[pos + 9]
-            if precision != 8 or components not in (1, 3) or length != 8 + 3 * components:
-                return None
-            frame = ("L" if components == 1 else "RGB", width, height)
-        if marker == 0xDA:  # start of scan: the header is complete
-            return frame
-        pos += 2 + length
-    return None
-
-
-class EncodedImage:
-    """A file's bytes, standing in for the PIL image torchvision's loader would return."""
-    __slots__ = ("path", "data")
-
-    def __init__(self, path: str, data: bytes):
-        self.path = path
-        self.data = data
-
-
-class EncodedFileLoader:
-    """Replaces ImageFolder's PIL loader in workers: read the file, leave decoding to DALI."""
-
-    def __call__(self, path: str) -> EncodedImage:
-        with open(path, "rb") as f:
-            return EncodedImage(path, f.read())
+# why a sample's image was decoded in the worker (counted per loader in the report)
+WHY_PREFIX = "partial offload: worker steps need pixels"
+WHY_DECODED = "the image reached the transform decoded (the dataset used or made its pixels first)"
+WHY_NOT_PLAIN_JPEG = "not an ordinary complete JPEG (DALI decodes those as Pillow does)"
+WHY_CPU = "not an RGB image: the whole chain ran in the worker"
 
 
 class ProxySample:
-    """One sample's input to the DALI pipeline, or its finished CPU result (``done``)."""
-    __slots__ = ("plan_id", "payload", "params", "path", "done")
+    """One sample's input to a DALI pipeline, or its finished CPU result (``done``)."""
+    __slots__ = ("key", "kind", "payload", "params", "path", "done", "why", "plan")
 
-    def __init__(self, plan_id: int, payload: Optional[np.ndarray] = None,
+    def __init__(self, key: str, kind: str = RAW, payload: Optional[np.ndarray] = None,
                  params: Optional[List[float]] = None, path: Optional[str] = None,
-                 done: Optional[torch.Tensor] = None):
-        self.plan_id = plan_id
+                 done: Optional[torch.Tensor] = None, why: Optional[str] = None, plan: Optional[Plan] = None):
+        self.key = key
+        self.kind = kind
         self.payload = payload
         self.params = params
         self.path = path
         self.done = done
+        self.why = why    # why it was not decoded by DALI (None: it was)
+        self.plan = plan  # set when the main process may not know this plan yet
 
     def __repr__(self) -> str:
-        return f"ProxySample(plan={self.plan_id}, path={self.path!r}, done={self.done is not None})"
+        return f"ProxySample(plan={self.key}, {self.kind}, path={self.path!r}, done={self.done is not None})"
+
+
+def _why_decoded_here(img: Any) -> str:
+    if type(img) is not DeferredJpeg and getattr(img, "format", None) is not None and getattr(img, "_im", 1) is None:
+        return WHY_NOT_PLAIN_JPEG  # a file Pillow opened, untouched, that is no ordinary JPEG
+    return WHY_DECODED
 
 
 class ProxyNode:
-    """The transform the worker calls in place of the dataset's recognised chain."""
+    """What a recognised chain's call does in a worker: hand the image over to DALI."""
 
-    def __init__(self, plan_id: int, plan: Plan, original: Any, samples: Optional[list] = None):
-        from .translate import flatten
-        self.plan_id = plan_id
+    def __init__(self, plan: Plan, original: Any, announce: bool):
         self.plan = plan
+        self.key = plan.key
         self.original = original
-        self.samples = samples  # the dataset's (path, label) list, to name an index in errors
+        self.announce = plan if announce else None  # sent with each sample: the main process lacks it
         flat = flatten(original) if plan.worker_prefix else []
         self.prefix = flat[:plan.worker_prefix]  # partial offload: these run here
         self.rest = flat[plan.worker_prefix:]
 
-    def __call__(self, img: Any) -> ProxySample:
-        from PIL import Image
-        if isinstance(img, EncodedImage):
-            return self._encoded(img)
-        for t in self.prefix:
-            img = t(img)
-        if (isinstance(img, Image.Image) and self.plan.input_kind == "raw" and img.mode == "RGB"):
+    def __call__(self, img: Any) -> Any:
+        if not self.prefix:
+            enc = encoded_jpeg(img)
+            if enc is not None:
+                data, (width, height), path = enc
+                return ProxySample(self.key, ENCODED, np.frombuffer(data, dtype=np.uint8),
+                                   self.plan.draw(height, width), path, plan=self.announce)
+            why = _why_decoded_here(img) if isinstance(img, Image.Image) else WHY_CPU
+        else:
+            why = WHY_PREFIX
+            for t in self.prefix:
+                img = t(img)
+        if isinstance(img, Image.Image) and img.mode == "RGB":
             pixels = np.asarray(img)
             height, width = pixels.shape[:2]
-            return ProxySample(self.plan_id, pixels, self.plan.draw(height, width))
+            return ProxySample(self.key, RAW, pixels, self.plan.draw(height, width), why=why, plan=self.announce)
         return self._on_cpu(img)
 
-    def _encoded(self, enc: EncodedImage) -> ProxySample:
-        from PIL import Image
-        fast = plain_jpeg_header(enc.data)
-        if fast is not None:
-            fmt, (mode, width, height) = "JPEG", fast
-        else:
-            try:
-                with Image.open(io.BytesIO(enc.data)) as header:  # parses the header, decodes nothing
-                    fmt, mode, (width, height) = header.format, header.mode, header.size
-            except Exception:
-                return self._on_cpu(self._pil_load(enc.path))  # raises what torchvision raises
-        if (fmt, mode) in DALI_DECODABLE and width > 0 and height > 0 and has_end_marker(enc.data):
-            payload = np.frombuffer(enc.data, dtype=np.uint8)
-            return ProxySample(self.plan_id, payload, self.plan.draw(height, width), enc.path)
-        return self._on_cpu(self._pil_load(enc.path), enc.path)  # PIL's pixels, or PIL's exception
-
-    def _pil_load(self, path: str) -> Any:
-        """torchvision's pil_loader; its exception keeps its type and gains the index and file."""
-        from torchvision.datasets.folder import pil_loader
-        try:
-            return pil_loader(path)
-        except Exception as exc:
-            index = next((i for i, s in enumerate(self.samples or ()) if s[0] == path), None)
-            where = f"dataset index {index}, file {path}" if index is not None else f"file {path}"
-            try:
-                err = type(exc)(f"{exc} [{where}]")
-            except Exception:
-                raise exc
-            raise err from exc
-
-    def _on_cpu(self, img: Any, path: Optional[str] = None) -> ProxySample:
+    def _on_cpu(self, img: Any) -> Any:
         """The rest of the original chain (all of it, or what follows a worker prefix)."""
         if self.prefix:
             out = img
@@ -176,18 +100,19 @@ class ProxyNode:
         if isinstance(out, np.ndarray):  # timm's ToNumpy: default_collate would make it this tensor
             out = torch.from_numpy(out)
         if not isinstance(out, torch.Tensor):
-            raise TypeError(f"dali_autoproxy: the original transform returned {type(out).__name__}, "
-                            "expected a tensor")
-        return ProxySample(self.plan_id, path=path, done=out.as_subclass(torch.Tensor))
+            return out  # not what a batch of this chain holds: handed back as the chain made it
+        return ProxySample(self.key, done=out.as_subclass(torch.Tensor), why=WHY_CPU)
 
 
 class ProxyGroup:
-    """The samples of one batch that share a plan (and so a DALI pipeline)."""
+    """The samples of one batch that share a plan and an input kind (and so a DALI pipeline)."""
 
-    def __init__(self, plan_id: int, indices: List[int], payload: torch.Tensor,
+    def __init__(self, key: str, kind: str, indices: List[int], payload: torch.Tensor,
                  offsets: np.ndarray, shapes: Optional[np.ndarray], params: np.ndarray,
-                 paths: List[Optional[str]]):
-        self.plan_id = plan_id
+                 paths: List[Optional[str]], plan: Optional[Plan] = None):
+        self.key = key
+        self.kind = kind
+        self.plan = plan            # the plan, when the main process may not know it
         self.indices = indices
         self.payload = payload      # uint8, all samples' bytes back to back (shared memory)
         self.offsets = offsets      # int64 [n + 1]
@@ -207,11 +132,12 @@ class ProxyBatch:
     """What the training loop would see as an image batch, before DALI has run."""
 
     def __init__(self, size: int, groups: List[ProxyGroup], done_indices: List[int],
-                 done: List[torch.Tensor]):
+                 done: List[torch.Tensor], why: Optional[Dict[str, int]] = None):
         self.size = size
         self.groups = groups
         self.done_indices = done_indices
         self.done = done  # CPU-path results, one tensor each, or one stacked tensor
+        self.why = why or {}  # samples not decoded by DALI, by reason
 
     def done_tensors(self) -> List[torch.Tensor]:
         if len(self.done) == 1 and len(self.done_indices) > 1:
@@ -231,7 +157,7 @@ def _uint8_buffer(nbytes: int) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
-def _pack(plan_id: int, indices: List[int], samples: List[ProxySample]) -> ProxyGroup:
+def _pack(key: str, kind: str, indices: List[int], samples: List[ProxySample]) -> ProxyGroup:
     payloads = [s.payload for s in samples]
     sizes = np.fromiter((p.nbytes for p in payloads), dtype=np.int64, count=len(payloads))
     offsets = np.zeros(len(payloads) + 1, dtype=np.int64)
@@ -244,25 +170,35 @@ def _pack(plan_id: int, indices: List[int], samples: List[ProxySample]) -> Proxy
     if payloads and payloads[0].ndim == 3:
         shapes = np.array([p.shape for p in payloads], dtype=np.int64)
     params = np.array([s.params for s in samples], dtype=np.float64).reshape(len(samples), -1)
-    return ProxyGroup(plan_id, indices, buf, offsets, shapes, params, [s.path for s in samples])
+    plan = next((s.plan for s in samples if s.plan is not None), None)
+    return ProxyGroup(key, kind, indices, buf, offsets, shapes, params, [s.path for s in samples], plan)
 
 
-def collate_proxy_samples(batch: List[ProxySample], *, collate_fn_map: Optional[Dict] = None) -> ProxyBatch:
-    """default_collate's handler for ProxySample (registered below, in every process)."""
-    by_plan: Dict[int, List[int]] = {}
+def collate_proxy_samples(batch: List[Any], *, collate_fn_map: Optional[Dict] = None) -> ProxyBatch:
+    """default_collate's handler for ProxySample (registered below, in every process). A plain
+    tensor among them (a sample whose chain was not taken over) joins as a finished result."""
+    by_plan: Dict[Tuple[str, str], List[int]] = {}
     done_indices: List[int] = []
+    done: List[torch.Tensor] = []
+    why: Dict[str, int] = {}
     for i, s in enumerate(batch):
+        if isinstance(s, torch.Tensor):
+            done_indices.append(i)
+            done.append(s)
+            continue
         if not isinstance(s, ProxySample):
             raise TypeError(f"dali_autoproxy: cannot batch a proxied sample with {type(s).__name__}")
+        if s.why is not None:
+            why[s.why] = why.get(s.why, 0) + 1
         if s.done is not None:
             done_indices.append(i)
+            done.append(s.done)
         else:
-            by_plan.setdefault(s.plan_id, []).append(i)
-    groups = [_pack(pid, idx, [batch[i] for i in idx]) for pid, idx in by_plan.items()]
-    done = [batch[i].done for i in done_indices]
+            by_plan.setdefault((s.key, s.kind), []).append(i)
+    groups = [_pack(key, kind, idx, [batch[i] for i in idx]) for (key, kind), idx in by_plan.items()]
     if len(done) > 1 and all(d.shape == done[0].shape for d in done):
         done = [torch.stack(done)]  # one tensor, one file descriptor
-    return ProxyBatch(len(batch), groups, done_indices, done)
+    return ProxyBatch(len(batch), groups, done_indices, done, why)
 
 
 default_collate_fn_map[ProxySample] = collate_proxy_samples

@@ -188,7 +188,7 @@ def where_it_runs(case: Case, api: str) -> Tuple[str, Optional[str]]:
     from dali_autoproxy.ir import Unsupported
     from dali_autoproxy.planning import build_plan
     try:
-        plan = build_plan(case.chain(api), "encoded")
+        plan = build_plan(case.chain(api))
     except Unsupported as exc:
         return "fallback", str(exc)
     if plan.worker_prefix:

@@ -46,7 +46,7 @@ def why_not(tf) -> str:
     from dali_autoproxy.ir import Unsupported
     from dali_autoproxy.planning import build_plan
     try:
-        plan = build_plan(tf, "encoded")
+        plan = build_plan(tf)
     except Unsupported as exc:
         return str(exc)
     assert plan.split_reason, "fully offloaded"

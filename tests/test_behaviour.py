@@ -242,9 +242,9 @@ def test_forked_worker_never_tears_down_inherited_pipelines(tmp_path):
         import gc, torch, torchvision.transforms as T
         from dali_autoproxy.planning import build_plan
         from dali_autoproxy.pipeline import DaliRunner
-        plan = build_plan(T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor()]), "encoded")
+        plan = build_plan(T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor()]))
         gc.disable()
-        runner = DaliRunner(plan, 8, "cpu", None)
+        runner = DaliRunner(plan, "encoded", 8, "cpu", None)
         cycle = [runner]
         cycle.append(cycle)
         del runner, cycle

@@ -99,7 +99,7 @@ def test_cpu_replay_of_the_plan_equals_torchvision(photo_root, case, api):
     from dali_autoproxy.cpu_path import run_plan
     from dali_autoproxy.planning import build_plan
     chain = case.chain(api)
-    plan = build_plan(chain, "encoded")
+    plan = build_plan(chain)
     for k, path in enumerate(sorted(pathlib.Path(photo_root).rglob("*.jpg"))[:3]):
         with Image.open(path) as f:
             img = f.convert("RGB")

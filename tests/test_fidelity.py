@@ -184,11 +184,14 @@ def test_grayscale_rgba_palette_cmyk_match_pil(mixed_root):
     out = load_all(ds, autoproxy=True, batch_size=4)
     compare(ref, out)
     rep = last_report()
-    assert rep["cpu_path_samples"] == 3  # the two PNGs and the CMYK JPEG; grayscale JPEG decodes in DALI
+    # the two PNGs and the CMYK JPEG are decoded by PIL in the worker (their pixels go to DALI);
+    # the grayscale JPEG decodes in DALI
+    assert rep["cpu_path_samples"] == 0 and sum(rep["decoded_in_worker"].values()) == 3, rep
+    assert rep["decoded_on_dali"] == len(ds) - 3
 
 
 class OwnPILDataset(torch.utils.data.Dataset):
-    """Not an ImageFolder: opens images itself, then calls self.transform (pixels travel)."""
+    """Not an ImageFolder: opens images itself, then calls self.transform."""
 
     def __init__(self, root, transform):
         import torchvision
@@ -205,11 +208,11 @@ class OwnPILDataset(torch.utils.data.Dataset):
             return {"image": self.transform(img.convert("RGB")), "label": label, "path": path}
 
 
-def test_dataset_that_decodes_itself_sends_pixels(photo_root):
+def test_dataset_that_opens_images_itself_decodes_on_dali(photo_root):
     ds = OwnPILDataset(photo_root, TRAIN["v2"]())
     ref = load_all(ds, autoproxy=False, shuffle=True, seed=9)
     out = load_all(ds, autoproxy=True, shuffle=True, seed=9)
     rep = last_report()
-    assert rep["proxied"] and not rep["decode_on_dali"], rep
+    assert rep["proxied"] and rep["decoded_on_dali"] == len(ds) and not rep["decoded_in_worker"], rep
     assert [b["path"] for b in ref] == [b["path"] for b in out]  # dict nesting kept
     compare([(b["image"], b["label"]) for b in ref], [(b["image"], b["label"]) for b in out])

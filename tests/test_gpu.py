@@ -183,7 +183,7 @@ def test_torch_stage_queues_its_work_without_waiting_for_the_gpu(chain):
     tail = ([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.2), T.GaussianBlur(9, (0.1, 2.0)),
              T.RandomRotation(15)] if chain == "heavy" else [T.TrivialAugmentWide()])
     plan = build_plan(T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), *tail, T.ToTensor(),
-                                 T.Normalize([0.5] * 3, [0.25] * 3), T.RandomErasing()]), "encoded")
+                                 T.Normalize([0.5] * 3, [0.25] * 3), T.RandomErasing()]))
     _, ops = split(plan.ops)
     stage = TorchStage(ops)
     torch.manual_seed(0)

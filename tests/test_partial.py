@@ -66,10 +66,10 @@ def test_prefix_that_does_not_end_in_an_rgb_image_finishes_on_the_cpu(photo_root
 ])
 def test_nothing_worth_moving_falls_back_with_the_first_reason(tf, why):
     with pytest.raises(Unsupported, match=why):
-        build_plan(tf, "encoded")
+        build_plan(tf)
 
 
 def test_split_plan_is_raw_and_names_its_prefix():
-    plan = build_plan(T.Compose([Detail(), T.Resize(64), T.ToTensor()]), "encoded")
-    assert plan.input_kind == "raw" and plan.worker_prefix == 1 and plan.worker_names == ["Detail"]
+    plan = build_plan(T.Compose([Detail(), T.Resize(64), T.ToTensor()]))
+    assert plan.worker_prefix == 1 and plan.worker_names == ["Detail"]
     assert plan.names == ["Resize", "ToTensor"]

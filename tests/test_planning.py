@@ -38,7 +38,7 @@ def test_center_crop_box_matches_torchvision(hw, crop):
                                 v2.RandomResizedCrop(224, ratio=(0.5, 2.0))])
 def test_random_resized_crop_draws_torchvisions_boxes(tf):
     plan = build_plan(T.Compose([tf, T.ToTensor()]) if isinstance(tf, T.RandomResizedCrop)
-                      else v2.Compose([tf, v2.ToImage()]), "encoded")
+                      else v2.Compose([tf, v2.ToImage()]))
     img = torch.zeros(3, 333, 500, dtype=torch.uint8)
     for seed in range(50):
         torch.manual_seed(seed)
@@ -52,7 +52,7 @@ def test_random_resized_crop_draws_torchvisions_boxes(tf):
 
 
 def test_flip_draw_matches_torchvision():
-    plan = build_plan(T.Compose([T.RandomHorizontalFlip(0.3), T.PILToTensor()]), "raw")
+    plan = build_plan(T.Compose([T.RandomHorizontalFlip(0.3), T.PILToTensor()]))
     img = torch.arange(6, dtype=torch.uint8).reshape(1, 2, 3)
     for seed in range(40):
         torch.manual_seed(seed)
@@ -63,7 +63,7 @@ def test_flip_draw_matches_torchvision():
 
 def test_ops_of_the_imagenet_train_chain():
     plan = build_plan(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
-                                 T.Normalize([0.5] * 3, [0.25] * 3)]), "encoded")
+                                 T.Normalize([0.5] * 3, [0.25] * 3)]))
     assert [type(op) for op in plan.ops] == [Crop, Resize, Flip, ToFloat, ToCHW, Normalize]
     assert plan.ops[0].in_bounds and plan.n_params == 5 and plan.state.fixed_size == (224, 224)
 
@@ -85,8 +85,8 @@ def test_torch_stage_takes_over_at_colour_jitter_only_when_it_can_finish():
     from dali_autoproxy.ir import ColorJitter
     from dali_autoproxy.ir import split_at_takeover as split
     late = build_plan(T.Compose([T.RandomResizedCrop(64), T.ColorJitter(0.4), T.RandomGrayscale(),
-                                 T.ToTensor(), T.Normalize([0.5] * 3, [0.5] * 3), T.RandomErasing()]), "encoded")
+                                 T.ToTensor(), T.Normalize([0.5] * 3, [0.5] * 3), T.RandomErasing()]))
     dali_ops, torch_ops = split(late.ops)
     assert [type(op) for op in dali_ops] == [Crop, Resize] and isinstance(torch_ops[0], ColorJitter)
-    early = build_plan(T.Compose([T.ColorJitter(0.4), T.RandomResizedCrop(64), T.ToTensor()]), "encoded")
+    early = build_plan(T.Compose([T.ColorJitter(0.4), T.RandomResizedCrop(64), T.ToTensor()]))
     assert early.worker_names == ["ColorJitter"] and split(early.ops)[1] == []  # a resize after it: worker

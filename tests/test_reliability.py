@@ -430,7 +430,7 @@ def test_fast_jpeg_header_agrees_with_pil_or_defers(mixed_root):
     height goes to PIL's path, which raises); everything else it leaves to PIL."""
     import glob
     import io
-    from dali_autoproxy.transport import plain_jpeg_header
+    from dali_autoproxy.deferred import plain_jpeg_header
     datas = [open(p, "rb").read() for p in sorted(glob.glob(f"{mixed_root[0]}/**/*.*", recursive=True))]
     datas += [make() for make in BAD_FILES.values()]
     datas.append(_save(BASE().convert("CMYK"), "JPEG"))
@@ -440,6 +440,6 @@ def test_fast_jpeg_header_agrees_with_pil_or_defers(mixed_root):
         if fast is None or fast[2] == 0:
             continue
         with Image.open(io.BytesIO(d)) as h:
-            assert (h.format, h.mode, h.size[0], h.size[1]) == ("JPEG",) + fast
+            assert (h.format, h.mode, h.size[0], h.size[1]) == ("JPEG",) + fast[:3]
         answered += 1
     assert answered >= 10

@@ -11,7 +11,7 @@ its kernel registry.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..ir import ChainState, Step, Unsupported
 
@@ -67,51 +67,55 @@ def _load_converters() -> None:
         _loaded = True
 
 
-def flatten(transform: object) -> List[object]:
-    """Unroll nested Compose (v1 and v2), and wrappers that only delegate to one, into a flat
-    list of transforms."""
+def compose_types() -> Tuple[type, ...]:
+    """torchvision's Compose classes (v1, and v2 where this torchvision has it)."""
     import torchvision.transforms as T
     try:
         import torchvision.transforms.v2 as v2
-        composes: Tuple[type, ...] = (T.Compose, v2.Compose)
+        return (T.Compose, v2.Compose)
     except ImportError:  # pragma: no cover - torchvision without v2
-        composes = (T.Compose,)
-    if type(transform) in composes:
+        return (T.Compose,)
+
+
+def is_chain(obj: object) -> bool:
+    """A transform chain autoproxy may take over where it is called: a torchvision Compose or a
+    transform it has a converter for (a user's registered equivalent included)."""
+    if type(obj) in compose_types():
+        return True
+    _load_converters()
+    return _converter(type(obj)) is not None
+
+
+def flatten(transform: object) -> List[object]:
+    """Unroll nested Compose (v1 and v2) into a flat list of transforms."""
+    if type(transform) in compose_types():
         out: List[object] = []
         for t in transform.transforms:
             out.extend(flatten(t))
         return out
-    _load_converters()
-    if _converter(type(transform)) is None:  # a Lambda delegates too, but is user code
-        inner = delegate_of(transform)
-        if inner is not None:
-            return flatten(inner)
     return [transform]
 
 
-_DELEGATING_OPS = {"RESUME", "LOAD_FAST", "LOAD_ATTR", "PUSH_NULL", "PRECALL", "CALL", "RETURN_VALUE",
-                   "CACHE", "LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW", "NOP", "CALL_FUNCTION",
-                   "CALL_METHOD", "LOAD_METHOD", "COPY_FREE_VARS"}
+def register_equivalent(cls: type, to_torchvision: Optional[Callable[[object], object]] = None):
+    """Declare a transform class of your own equivalent to torchvision transforms, so a chain
+    holding it moves to DALI whole. ``to_torchvision(instance)`` returns the torchvision
+    transform (or Compose) to translate in its place; its random draws are torchvision's.
+    Usable as a decorator: ``@register_equivalent(MyBlur)`` on ``def f(t): return T.GaussianBlur(...)``.
+    Register at import time of the module that defines the class, so spawned workers have it too."""
+    if to_torchvision is None:
+        return lambda fn: register_equivalent(cls, fn)
 
+    def convert(t, state: ChainState, alloc) -> Step:
+        steps = [lookup(x)(x, state, alloc) for x in flatten(to_torchvision(t))]
+        draws = [s.draw for s in steps if s.draw is not None]
 
-def delegate_of(obj: object):
-    """The transform inside a wrapper whose ``__call__`` is exactly ``return self.X(img)``
-    (torchvision's classification references hold their chain this way:
-    ``self.transforms = T.Compose(...)``), else None. Read from the bytecode, so a wrapper
-    that does anything more is left alone."""
-    import dis
-    call = getattr(type(obj), "__call__", None)
-    code = getattr(call, "__code__", None)
-    if code is None or code.co_argcount != 2 or len(code.co_names) != 1 or code.co_flags & 0x0C:
-        return None
-    if not all(ins.opname in _DELEGATING_OPS for ins in dis.get_instructions(code)):
-        return None
-    loads = [ins.argval for ins in dis.get_instructions(code) if ins.opname.startswith("LOAD_FAST")]
-    if loads != [code.co_varnames[0], code.co_varnames[1]] and \
-            loads != [(code.co_varnames[0], code.co_varnames[1])]:
-        return None  # self.X(img): self first, then the argument, nothing else
-    inner = getattr(obj, code.co_names[0], None)
-    return inner if callable(inner) else None
+        def draw(g) -> None:
+            for d in draws:
+                d(g)
+        neutral = None if any(s.neutral is None for s in steps) else [v for s in steps for v in s.neutral]
+        return Step(transform_name(t), [op for s in steps for op in s.ops], draw if draws else None, neutral)
+    register(cls)(convert)
+    return to_torchvision
 
 
 def coin_drawer(p: float):
@@ -137,4 +141,4 @@ def transform_name(t: object) -> str:
     return prefix + type(t).__name__
 
 
-__all__ = ["register", "register_named", "lookup", "flatten", "transform_name", "coin_drawer", "v2_params", "ChainState", "Step", "Unsupported"]
+__all__ = ["register", "register_named", "register_equivalent", "lookup", "flatten", "is_chain", "compose_types", "transform_name", "coin_drawer", "v2_params", "ChainState", "Step", "Unsupported"]

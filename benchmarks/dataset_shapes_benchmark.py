@@ -1,0 +1,203 @@
+"""Images/s of the dataset shapes real projects use, plain and with autoproxy, beside the
+textbook ImageFolder loader, measured side by side in one run (modes interleaved per repeat).
+
+Shapes (same JPEG corpus; the train chain RandomResizedCrop 224, flip, ToTensor, Normalize):
+  imagefolder   torchvision's ImageFolder, the chain in ``transform`` (the reference shape)
+  path          an own Dataset: a file list, Image.open(path).convert("RGB"), the chain in ``self.tf``
+  dict          the same, returning {"image": ..., "label": ...}
+  bytes         the same from encoded bytes held in memory (Image.open(io.BytesIO(b)))
+  two_view      ImageFolder with a wrapper returning [chain(x), chain(x)] (MoCo, SimCLR, BYOL)
+  timm          timm's create_dataset + create_loader(use_prefetcher=False) with its own train
+                transforms (timm's RandomResizedCropAndInterpolation, flip, ToTensor, Normalize)
+
+Images counts a two-view sample once per view. Every batch is moved to the GPU when there is one.
+
+    python benchmarks/dataset_shapes_benchmark.py --images 8192 --workers 8 --repeat 2 \\
+        --out benchmarks/results/dataset_shapes_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from corpus import make_corpus  # noqa: E402
+
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+SHAPES = ("imagefolder", "path", "dict", "bytes", "two_view", "timm")
+
+
+def train_chain():
+    import torchvision.transforms as T
+    return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+class PathDataset(torch.utils.data.Dataset):
+    def __init__(self, samples, tf, as_dict=False):
+        self.items, self.tf, self.as_dict = samples, tf, as_dict
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        path, label = self.items[i]
+        img = self.tf(Image.open(path).convert("RGB"))
+        return {"image": img, "label": label} if self.as_dict else (img, label)
+
+
+class BytesDataset(torch.utils.data.Dataset):
+    def __init__(self, samples, tf):
+        self.items = [(open(p, "rb").read(), y) for p, y in samples]
+        self.transform = tf
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        data, label = self.items[i]
+        return self.transform(Image.open(io.BytesIO(data)).convert("RGB")), label
+
+
+class TwoViews:
+    def __init__(self, base):
+        self.base = base
+
+    def __call__(self, x):
+        return [self.base(x), self.base(x)]
+
+
+def make_loader(shape, root, workers, batch):
+    import torchvision
+    kw = dict(batch_size=batch, shuffle=True, num_workers=workers, pin_memory=torch.cuda.is_available())
+    if shape == "timm":
+        from timm.data import create_dataset, create_loader
+        ds = create_dataset("", root=root, split="")
+        return create_loader(ds, input_size=(3, 224, 224), batch_size=batch, is_training=True, use_prefetcher=False,
+                             num_workers=workers, pin_memory=torch.cuda.is_available(), persistent_workers=False)
+    if shape in ("imagefolder", "two_view"):
+        tf = train_chain() if shape == "imagefolder" else TwoViews(train_chain())
+        return torch.utils.data.DataLoader(torchvision.datasets.ImageFolder(root, transform=tf), **kw)
+    samples = torchvision.datasets.ImageFolder(root).samples
+    ds = BytesDataset(samples, train_chain()) if shape == "bytes" else PathDataset(samples, train_chain(),
+                                                                                    shape == "dict")
+    return torch.utils.data.DataLoader(ds, **kw)
+
+
+def images_in(batch) -> list:
+    """The image tensors of a batch (one per view), moved to the GPU as a training loop would."""
+    x = batch["image"] if isinstance(batch, dict) else batch[0]
+    return list(x) if isinstance(x, list) else [x]
+
+
+def run(shape, root, workers, batch, warmup, autoproxy, dali_device):
+    import dali_autoproxy
+    if autoproxy:
+        dali_autoproxy.enable(device=dali_device, log_level="WARNING")
+    try:
+        loader = make_loader(shape, root, workers, batch)
+        cuda = torch.cuda.is_available()
+        n, t0 = 0, None
+        for i, b in enumerate(loader):
+            views = images_in(b)
+            if cuda:
+                views = [v.cuda(non_blocking=True) for v in views]
+            if i == warmup:
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            if i >= warmup:
+                n += sum(v.shape[0] for v in views)
+        if cuda:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - (t0 or time.perf_counter())
+        rep = dali_autoproxy.report()[-1] if autoproxy else None
+        del loader
+        gc.collect()
+        if autoproxy and not rep["proxied"]:
+            raise RuntimeError(f"autoproxy fell back: {rep['reason']}")
+        return n, dt, (rep or {}).get("decode", "-")
+    finally:
+        dali_autoproxy.disable()
+
+
+def summarize(results) -> str:
+    by = {(r["shape"], r["mode"], r["workers"]): r for r in results}
+    lines = ["| shape | workers | torchvision img/s | autoproxy img/s (min-max) | autoproxy / torchvision | "
+             "autoproxy / ImageFolder with autoproxy | decoding with autoproxy |", "|---|---|---|---|---|---|---|"]
+    for (shape, mode, w), r in by.items():
+        if mode != "autoproxy":
+            continue
+        tv, ref = by.get((shape, "torchvision", w)), by.get(("imagefolder", "autoproxy", w))
+        spread = f" ({r['min_images_per_s']:,.0f}-{r['max_images_per_s']:,.0f})" if r["runs"] > 1 else ""
+        lines.append(f"| {shape} | {w} | {tv['images_per_s']:,.0f} | {r['images_per_s']:,.0f}{spread} | "
+                     f"{r['images_per_s'] / tv['images_per_s']:.2f}x | "
+                     f"{r['images_per_s'] / ref['images_per_s']:.2f}x | {r['decode']} |" if tv and ref else
+                     f"| {shape} | {w} | - | {r['images_per_s']:,.0f} | - | - | {r['decode']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "data", "corpus"))
+    ap.add_argument("--images", type=int, default=8192)
+    ap.add_argument("--workers", type=int, nargs="+", default=[8])
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per mode, interleaved; the median is reported")
+    ap.add_argument("--tv-repeat", type=int, default=1, help="runs of the (slow) torchvision mode")
+    ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    corpus = make_corpus(a.data, a.images)
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "dali_device": a.device}
+    print(json.dumps({"corpus": corpus, "env": env}), flush=True)
+    results = []
+    for w in a.workers:
+        runs = {(s, m): [] for s in a.shapes for m in ("torchvision", "autoproxy")}
+        for rep in range(a.repeat):
+            for shape in a.shapes:
+                for mode in ("torchvision", "autoproxy"):
+                    if mode == "torchvision" and rep >= a.tv_repeat:
+                        continue
+                    try:
+                        n, dt, decode = run(shape, a.data, w, a.batch, a.warmup, mode == "autoproxy", a.device)
+                    except Exception as exc:  # one shape failing must not lose the others' figures
+                        print(json.dumps({"shape": shape, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:300]}),
+                              flush=True)
+                        continue
+                    runs[(shape, mode)].append((n / dt, decode))
+                    print(json.dumps({"shape": shape, "mode": mode, "workers": w, "images_per_s": round(n / dt, 1)}),
+                          flush=True)
+        for (shape, mode), rs in runs.items():
+            if rs:
+                rates = sorted(r[0] for r in rs)
+                results.append({"shape": shape, "mode": mode, "workers": w, "runs": len(rs),
+                                "images_per_s": round(float(np.median(rates)), 1),
+                                "min_images_per_s": round(rates[0], 1), "max_images_per_s": round(rates[-1], 1),
+                                "decode": rs[-1][1]})
+    summary = summarize(results)
+    print(summary, flush=True)
+    if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump({"corpus": corpus, "env": env, "results": results}, f, indent=1)
+        with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
+            f.write(summary + "\n")
+
+
+if __name__ == "__main__":
+    main()
