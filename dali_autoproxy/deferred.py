@@ -72,10 +72,10 @@ def plain_jpeg_header(data: bytes) -> Optional[Tuple[str, int, int, int]]:
 
 def is_complete(data: bytes, scan_start: int) -> bool:
     """Whether the image data after the first scan reaches an end-of-image marker. Byte
-    stuffing keeps FF D9 out of entropy-coded data, so the first FF D9 after the scan starts is
-    the image's own EOI; a truncated file has none there (an EOI before the scan, of an
-    embedded EXIF thumbnail, does not count)."""
-    return data.find(b"\xff\xd9", scan_start) != -1
+    stuffing keeps FF D9 out of entropy-coded data, so any FF D9 after the scan starts is the
+    image's own EOI; a truncated file has none there (an EOI before the scan, of an embedded
+    EXIF thumbnail, does not count). Searched from the end, where a complete file has it."""
+    return data.rfind(b"\xff\xd9") >= scan_start
 
 
 def dali_decodable(data: bytes) -> Optional[Tuple[str, int, int]]:

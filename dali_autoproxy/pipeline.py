@@ -107,17 +107,20 @@ class Lowering:
                                   layout=None if encoded else "HWC")
         if encoded:
             decode_device = "mixed" if self.device == "gpu" else "cpu"
-            # jpeg_fancy_upsampling: the GPU decoder upsamples chroma as libjpeg-turbo (Pillow) does
-            common = dict(device=decode_device, output_type=types.RGB, adjust_orientation=False,
-                          jpeg_fancy_upsampling=True)
+            common = dict(device=decode_device, output_type=types.RGB, adjust_orientation=False)
             first = ops[0] if ops else None
             if type(first) is Crop and first.in_bounds:  # region-of-interest decode
                 ops.pop(0)
                 anchor = self.param(f"anchor{first.slot}", first.slot, 2, np.int32)
                 shape = self.param(f"shape{first.slot}", first.slot + 2, 2, np.int32)
+                # no libjpeg-style chroma upsampling here: with nvJPEG before 13.2 DALI cannot combine
+                # it with a region decode and falls back to a path 4x slower (train 25,350 -> 6,249
+                # images/s on the H200; benchmarks/results/decode_fidelity_h200.md)
                 img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", **common)
             else:
-                img = fn.decoders.image(data, **common)
+                # jpeg_fancy_upsampling: the GPU decoder upsamples chroma as libjpeg-turbo (Pillow)
+                # does, at no measured cost for a full decode
+                img = fn.decoders.image(data, jpeg_fancy_upsampling=True, **common)
         else:
             img = data.gpu() if self.device == "gpu" else data
 

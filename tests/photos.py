@@ -86,3 +86,64 @@ def to_uint8_domain(x, normalized: bool):
     if x.max() <= 1.5:
         x = x * 255
     return x
+
+
+def _jpeg(img: Image.Image, **save) -> bytes:
+    import io
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", **save)
+    return buf.getvalue()
+
+
+def jpeg_with_thumbnail(truncate: bool = False) -> bytes:
+    """A small photo whose APP1 segment carries a JPEG thumbnail (as cameras write EXIF
+    thumbnails). ``truncate``: cut shortly after the scan starts, so the file's last bytes
+    still hold an FF D9 marker: the thumbnail's."""
+    photo = Image.fromarray(photographs()[2][:240, :320])
+    thumb = _jpeg(photo.resize((80, 60)), quality=75)
+    main = _jpeg(photo, quality=85)
+    payload = b"Exif\x00\x00" + thumb
+    app1 = b"\xff\xe1" + (len(payload) + 2).to_bytes(2, "big") + payload
+    data = main[:2] + app1 + main[2:]
+    if truncate:
+        scan = data.find(b"\xff\xda", len(app1))
+        data = data[:max(scan + 200, 2 + len(app1) + 3000)]
+        assert data.rfind(b"\xff\xd9", len(data) - 4096) != -1  # a trailing-marker check would pass it
+    return data
+
+
+def odd_jpegs() -> Dict[str, bytes]:
+    """JPEG variants real datasets hold: encoder options, odd sizes, extra segments."""
+    from PIL import ImageCms
+    photos = photographs()
+    base = Image.fromarray(photos[1][:300, :400])
+    odd = Image.fromarray(photos[3][:257, :333])
+    icc = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    return {
+        "baseline_420": _jpeg(base, quality=90),
+        "progressive": _jpeg(base, quality=90, progressive=True),
+        "subsampling_422": _jpeg(base, quality=90, subsampling=1),
+        "subsampling_444": _jpeg(base, quality=90, subsampling=0),
+        "optimized_huffman": _jpeg(base, quality=80, optimize=True),
+        "quality_50": _jpeg(base, quality=50),
+        "quality_100": _jpeg(base, quality=100),
+        "icc_profile": _jpeg(base, quality=90, icc_profile=icc),
+        "restart_markers": _jpeg(base, quality=90, restart_marker_blocks=4),
+        "trailing_garbage": _jpeg(base, quality=90) + b"\x00garbage" * 64,
+        "odd_size_333x257": _jpeg(odd, quality=88),
+        "tiny_17x9": _jpeg(odd.resize((17, 9), Image.BILINEAR), quality=92),
+        "tall_40x600": _jpeg(odd.resize((40, 600), Image.BILINEAR), quality=90),
+        "grayscale": _jpeg(base.convert("L"), quality=90),
+        "exif_thumbnail": jpeg_with_thumbnail(),
+    }
+
+
+def make_odd_jpeg_folder(root: str) -> List[str]:
+    """ImageFolder of the odd JPEG set (one class); returns the names in file order."""
+    d = os.path.join(root, "odd")
+    os.makedirs(d, exist_ok=True)
+    names = sorted(odd_jpegs().items())
+    for name, data in names:
+        with open(os.path.join(d, f"{name}.jpg"), "wb") as f:
+            f.write(data)
+    return [n for n, _ in names]

@@ -15,7 +15,9 @@ def pil_rgb(path):
     """Not torchvision's loader: the worker decodes with PIL and pixels travel (raw input)."""
     from PIL import Image
     with open(path, "rb") as f:
-        return Image.open(f).convert("RGB")
+        img = Image.open(f).convert("RGB")
+        img.load()  # pixels used here: decoded by Pillow, never deferred to DALI's decoder
+        return img
 
 
 def measure(case, api, root, device="cpu", raw=False):

@@ -17,7 +17,7 @@ from scipy import stats
 from torch.utils.data import Subset
 
 from helpers import image_folder, last_report, load_all
-from photos import CLASS_TINTS, MEAN, STD, psnr, to_uint8_domain
+from photos import CLASS_TINTS, MEAN, STD, make_odd_jpeg_folder, psnr, to_uint8_domain
 
 MAE_MAX, PSNR_MIN = 0.5, 40.0
 
@@ -216,3 +216,32 @@ def test_dataset_that_opens_images_itself_decodes_on_dali(photo_root):
     assert rep["proxied"] and rep["decoded_on_dali"] == len(ds) and not rep["decoded_in_worker"], rep
     assert [b["path"] for b in ref] == [b["path"] for b in out]  # dict nesting kept
     compare([(b["image"], b["label"]) for b in ref], [(b["image"], b["label"]) for b in out])
+
+
+ODD_PSNR_MIN = 55.0  # every single image of the odd set, eval chain: decoding as Pillow does
+ODD_CHAINS = {"eval": lambda: EVAL["v1_pil"](),
+              "train": lambda: T.Compose([T.RandomResizedCrop(160), T.RandomHorizontalFlip(), T.ToTensor(),
+                                          T.Normalize(MEAN, STD)])}
+
+
+def check_odd_jpegs(tmp_path, pipeline: str, device: str) -> dict:
+    """Per image of the odd JPEG set (progressive, 4:2:2, ICC, restart markers, trailing bytes,
+    17x9, ...): decoded by DALI, and within the bound against plain torchvision."""
+    names = make_odd_jpeg_folder(str(tmp_path))
+    ds = image_folder(str(tmp_path), ODD_CHAINS[pipeline]())
+    ref = load_all(ds, autoproxy=False, batch_size=1, seed=6)
+    out = load_all(ds, autoproxy=True, batch_size=1, device=device, seed=6)
+    rep = last_report()
+    assert rep["decoded_on_dali"] == len(names), rep
+    scores = {}
+    for name, (a, _), (b, _) in zip(names, ref, out):
+        a8, b8 = to_uint8_domain(a, True).numpy(), to_uint8_domain(b.cpu(), True).numpy()
+        scores[name] = (psnr(a8, b8), float(np.abs(a8 - b8).max()))
+    low = {k: v for k, v in scores.items() if v[0] < (ODD_PSNR_MIN if pipeline == "eval" else PSNR_MIN)}
+    assert not low, low
+    return scores
+
+
+@pytest.mark.parametrize("pipeline", ["eval", "train"])
+def test_odd_jpegs_decode_like_pillow(tmp_path, pipeline):
+    check_odd_jpegs(tmp_path, pipeline, "cpu")

@@ -65,11 +65,17 @@ def test_gpu_output_cpu_option_and_pin_memory(photo_root):
 def test_gpu_mixed_formats(mixed_root):
     root, _ = mixed_root
     _gpu_vs_torchvision(image_folder(root, EVAL["v1_pil"]()), batch_size=4)
-    assert last_report()["cpu_path_samples"] == 3
+    assert sum(last_report()["decoded_in_worker"].values()) == 3  # two PNGs and the CMYK JPEG
+
+
+@pytest.mark.parametrize("pipeline", ["eval", "train"])
+def test_gpu_odd_jpegs_decode_like_pillow(tmp_path, pipeline):
+    from test_fidelity import check_odd_jpegs
+    check_odd_jpegs(tmp_path, pipeline, "gpu")
 
 
 # ---------------------------------------------------------------- reliability on the GPU
-BAD_ON_GPU = ["truncated_jpeg", "zero_bytes", "png", "progressive_jpeg", "one_by_one_jpeg",
+BAD_ON_GPU = ["truncated_jpeg", "truncated_with_thumbnail", "zero_bytes", "png", "progressive_jpeg", "one_by_one_jpeg",
               "smaller_than_crop_jpeg", "corrupt_entropy_data", "header_claims_fewer_lines",
               "header_claims_more_lines", "header_claims_zero_lines"]
 
@@ -199,3 +205,25 @@ def test_torch_stage_queues_its_work_without_waiting_for_the_gpu(chain):
         torch.cuda.set_sync_debug_mode("default")
     ref = stage(x, params)
     assert (out.cpu() - ref).abs().max() <= (1 / 0.25 / 255 + 1e-5)
+
+
+# ---------------------------------------------------------------- any dataset on the GPU
+@pytest.mark.parametrize("shape", ["path", "bytes", "two_view", "multi_crop"])
+def test_gpu_own_datasets_decode_on_the_gpu(photo_root, shape):
+    """GPU twin of test_any_dataset.py: chains taken where they are called, JPEGs opened with
+    PIL decoded by nvJPEG; every view within the GPU bounds of plain torchvision."""
+    import test_any_dataset as A
+    ds = {"path": lambda: A.PathDataset(photo_root, A.TRAIN()),
+          "bytes": lambda: A.BytesDataset(photo_root, A.EVAL()),
+          "two_view": lambda: torchvision.datasets.ImageFolder(photo_root, transform=A.TwoViews(A.TRAIN())),
+          "multi_crop": lambda: A.PathDataset(photo_root, A.MultiCrop())}[shape]()
+    ref = load_all(ds, autoproxy=False, shuffle=True, seed=4)
+    out = load_all(ds, autoproxy=True, device="gpu", shuffle=True, seed=4)
+    rep = last_report()
+    views = {"two_view": 2, "multi_crop": 5}.get(shape, 1)
+    assert rep["device"] == "gpu" and rep["decoded_on_dali"] == views * len(ds), rep
+    for v in range(views):
+        pick = (lambda b: (b[0][v], b[1])) if views > 1 else (lambda b: (b[0], b[1]))
+        assert all(pick(b)[0].is_cuda for b in out)
+        compare([pick(b) for b in ref], [(pick(b)[0].cpu(), pick(b)[1]) for b in out], mae_max=GPU_MAE,
+                psnr_min=GPU_PSNR)

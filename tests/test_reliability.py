@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 import dali_autoproxy
 from helpers import image_folder, last_report
-from photos import MEAN, STD, photographs
+from photos import MEAN, STD, jpeg_with_thumbnail, photographs
 from test_fidelity import compare
 
 EVAL = lambda: T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])  # noqa: E731
@@ -85,6 +85,7 @@ def _sof_height(height):
     return bytes(raw)
 BAD_FILES = {
     "truncated_jpeg": lambda: _jpeg_bytes(quality=90)[:9000],
+    "truncated_with_thumbnail": lambda: jpeg_with_thumbnail(truncate=True),  # ends with the thumbnail's EOI
     "zero_bytes": lambda: b"",
     "text_named_jpg": lambda: b"this is not an image\n" * 10,
     "corrupt_entropy_data": lambda: (lambda raw: raw[:raw.find(b"\xff\xda") + 20] + bytes(range(255)) * 8

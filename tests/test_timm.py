@@ -49,3 +49,30 @@ def test_timm_is_not_imported_by_us():
             "print('timm' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "False", res.stderr
+
+
+def _timm_batches(root, autoproxy, seed):
+    """timm's own dataset and loader as its training script builds them (no prefetcher)."""
+    import dali_autoproxy
+    if autoproxy:
+        dali_autoproxy.enable(device="cpu", log_level="WARNING")
+    try:
+        torch.manual_seed(seed)
+        ds = timm_data.create_dataset("", root=root, split="")
+        loader = timm_data.create_loader(ds, input_size=(3, 96, 96), batch_size=8, is_training=True,
+                                         use_prefetcher=False, num_workers=2, color_jitter=0.4,
+                                         interpolation="bilinear", worker_seeding="all")
+        return [(x.clone(), y.clone()) for x, y in loader]
+    finally:
+        dali_autoproxy.disable()
+
+
+def test_timm_create_dataset_and_loader_decode_on_dali(photo_root):
+    """timm's ImageDataset opens each file with Image.open(f).convert("RGB") and calls its
+    transform: decoding moves to DALI, and timm's Python-random draws are kept per worker."""
+    ref = _timm_batches(photo_root, False, 3)
+    out = _timm_batches(photo_root, True, 3)
+    rep = last_report()
+    assert rep["proxied"] and rep["decoded_on_dali"] == sum(len(b[1]) for b in out), rep
+    assert sorted(torch.cat([b[1] for b in ref]).tolist()) == sorted(torch.cat([b[1] for b in out]).tolist())
+    compare(ref, out)
