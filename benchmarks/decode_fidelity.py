@@ -92,31 +92,27 @@ def decode(pipe, datas, boxes=None):
     return [np.asarray(out[i]) for i in range(len(datas))]
 
 
-def compare_setting(setting, datas, refs, shapes, device, batch):
-    fancy, hw, roi = SETTINGS[setting]
+def compare_setting(pipe, setting, datas, refs, shapes, batch):
+    roi = SETTINGS[setting][2]
     boxes = boxes_for(shapes) if roi else None
     scores = []
     for start in range(0, len(datas), batch):
-        chunk = datas[start:start + batch]
-        pipe = build(setting, len(chunk), device)
-        outs = decode(pipe, chunk, boxes[start:start + batch] if roi else None)
+        outs = decode(pipe, datas[start:start + batch], boxes[start:start + batch] if roi else None)
         for k, out in enumerate(outs):
             ref = refs[start + k]
             if roi:
                 t, l, h, w = boxes[start + k]
                 ref = ref[t:t + h, l:l + w]
             scores.append((psnr(ref, out), int(np.abs(ref.astype(int) - out.astype(int)).max())))
-        del pipe
     ps = np.array([s[0] for s in scores])
     mx = np.array([s[1] for s in scores])
     return {"psnr_min": round(float(ps.min()), 1), "psnr_median": round(float(np.median(ps)), 1),
             "max_abs": int(mx.max()), "share_over_3": round(float((mx > 3).mean()), 3)}
 
 
-def throughput(setting, datas, shapes, device, batch, repeat=3):
-    fancy, hw, roi = SETTINGS[setting]
+def throughput(pipe, setting, datas, shapes, batch, repeat=3):
+    roi = SETTINGS[setting][2]
     boxes = boxes_for(shapes, seed=1) if roi else None
-    pipe = build(setting, batch, device)
     chunks = [(datas[s:s + batch], boxes[s:s + batch] if roi else None) for s in range(0, len(datas) - batch + 1, batch)]
     decode(pipe, *chunks[0])  # warm-up
     best = 0.0
@@ -185,14 +181,15 @@ def main(argv=None):
     odd_refs = [pil_rgb(d) for _, d in odd]
     result = {"images": len(datas), "device": a.device, "corpus": {}, "odd_decode": {}, "odd_eval": {}}
     for s in a.settings:
-        row = compare_setting(s, datas, refs, shapes, a.device, a.batch)
-        row["images_per_s"] = throughput(s, datas, shapes, a.device, a.batch)
+        pipe = build(s, a.batch, a.device)
+        row = compare_setting(pipe, s, datas, refs, shapes, a.batch)
+        row["images_per_s"] = throughput(pipe, s, datas, shapes, a.batch)
         result["corpus"][s] = row
         print(json.dumps({"setting": s, **row}), flush=True)
         if not SETTINGS[s][2]:
             per = {}
             for (name, d), ref in zip(odd, odd_refs):
-                out = decode(build(s, 1, a.device), [d])[0]
+                out = decode(pipe, [d])[0]
                 per[name] = {"psnr": round(psnr(ref, out), 1), "max_abs": int(np.abs(ref.astype(int) - out.astype(int)).max())}
             result["odd_decode"][s] = per
             print(json.dumps({"setting": s, "odd": per}), flush=True)

@@ -182,7 +182,16 @@ def defer_convert(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
                 instance.fp = io.BytesIO(data)
             path = getattr(instance, "filename", None) or None
             return DeferredJpeg(data, instance.size, instance.info, path)
+        return _not_deferred(wrapped(*args, **kwargs))
     return wrapped(*args, **kwargs)
+
+
+NOT_DEFERRED = "autoproxy_not_deferred"  # marks an image decoded here because it is no ordinary JPEG
+
+
+def _not_deferred(img: Image.Image) -> Image.Image:
+    setattr(img, NOT_DEFERRED, True)
+    return img
 
 
 def encoded_jpeg(img: Any) -> Optional[Tuple[bytes, Tuple[int, int], Optional[str]]]:
@@ -213,7 +222,7 @@ class DeferredFileLoader:
         found = dali_decodable(data)
         if found is not None:
             return DeferredJpeg(data, found[1:], None, path)
-        return self.pil_load(path)
+        return _not_deferred(self.pil_load(path))
 
     def pil_load(self, path: str) -> Image.Image:
         from torchvision.datasets.folder import pil_loader

@@ -20,7 +20,7 @@ from PIL import Image
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 
-from .deferred import DeferredJpeg, encoded_jpeg
+from .deferred import NOT_DEFERRED, DeferredJpeg, encoded_jpeg
 from .planning import Plan
 from .translate import flatten
 
@@ -54,6 +54,8 @@ class ProxySample:
 
 
 def _why_decoded_here(img: Any) -> str:
+    if getattr(img, NOT_DEFERRED, False):  # decoded by Pillow in the worker, not being an ordinary JPEG
+        return WHY_NOT_PLAIN_JPEG
     if type(img) is not DeferredJpeg and getattr(img, "format", None) is not None and getattr(img, "_im", 1) is None:
         return WHY_NOT_PLAIN_JPEG  # a file Pillow opened, untouched, that is no ordinary JPEG
     return WHY_DECODED

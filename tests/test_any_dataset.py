@@ -328,3 +328,17 @@ def test_a_deferred_jpeg_decodes_exactly_as_pillow_when_touched(photo_root):
     copied = img.copy()  # a copy is a stand-in of its own; decoding it leaves the original encoded
     assert copied.tobytes() == plain.tobytes() and img.deferred and not copied.deferred
     assert img.convert("RGB").deferred
+
+
+def test_mixed_formats_in_an_own_dataset(mixed_root):
+    """Grayscale JPEG decoded by DALI; RGBA and palette PNGs and a CMYK JPEG by Pillow in the
+    worker (their RGB pixels then go through DALI), all as Pillow's convert("RGB") makes them."""
+    root, _ = mixed_root
+    ds = PathDataset(root, EVAL())
+    ref, out = load_all(ds, autoproxy=False, batch_size=4), load_all(ds, autoproxy=True, batch_size=4)
+    rep = report_row()
+    assert rep["decoded_on_dali"] == len(ds) - 3, rep  # the grayscale JPEG among them
+    assert rep["decoded_in_worker"] == {  # a PNG's convert("RGB") decodes it; the CMYK JPEG is not deferred
+        "the image reached the transform decoded (the dataset used or made its pixels first)": 2,
+        "not an ordinary complete JPEG (DALI decodes those as Pillow does)": 1}, rep
+    compare(ref, out)
