@@ -60,8 +60,6 @@ def resolve_device(options: Options) -> Tuple[Optional[str], Optional[str]]:
     if options.device == "cpu":
         return "cpu", None
     if torch.cuda.is_available():
-        from .pipeline import nvjpeg_version
-        nvjpeg_version()  # DALI's own nvJPEG, loaded before its decoder looks for one
         return "gpu", None
     return None, ("no usable CUDA GPU (device=" + options.device +
                   "); DALI_AUTOPROXY_DEVICE=cpu runs DALI's CPU backend instead")

@@ -10,7 +10,6 @@ Everything per sample (crop boxes, sizes, flip flags) arrives through external s
 from __future__ import annotations
 
 import collections
-import functools
 import os
 import weakref
 import queue
@@ -114,12 +113,11 @@ class Lowering:
                 ops.pop(0)
                 anchor = self.param(f"anchor{first.slot}", first.slot, 2, np.int32)
                 shape = self.param(f"shape{first.slot}", first.slot + 2, 2, np.int32)
-                # libjpeg-style chroma upsampling only where nvJPEG can do it in a region decode:
-                # before 13.2 DALI falls back to a path 4x slower (train 25,350 -> 6,249 images/s
-                # on the H200); see nvjpeg_version()
-                fancy = roi_decode_upsamples_like_libjpeg(self.device)
-                img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", jpeg_fancy_upsampling=fancy,
-                                              **common)
+                # no libjpeg-style chroma upsampling here: in a process that imported torch and
+                # torchvision first, DALI's decoder finds an nvJPEG older than 13.2, cannot combine it
+                # with a region decode and falls back to a path 4x slower (train 25,350 -> 6,249
+                # images/s on the H200; docs/benchmarks.md, "Decoding against Pillow")
+                img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", **common)
             else:
                 # jpeg_fancy_upsampling: the GPU decoder upsamples chroma as libjpeg-turbo (Pillow)
                 # does, at no measured cost for a full decode
@@ -272,39 +270,6 @@ class _Waiter:
 
     def close(self) -> None:
         self._jobs.put((None, None, None))
-
-
-@functools.lru_cache(maxsize=None)
-def nvjpeg_version() -> Optional[Tuple[int, int]]:
-    """Load the nvJPEG library of DALI's own wheel dependency (nvidia-nvjpeg) by its path,
-    before DALI's GPU decoder looks for one, and return its (major, minor). Otherwise the
-    decoder may pick up an older nvJPEG from the library path (CUDA 13.0's, seen on the H200
-    machine), with which a region decode cannot upsample chroma as libjpeg does: DALI then falls
-    back to a path 4x slower. None where no such library loads."""
-    import ctypes
-    import glob
-    try:
-        import nvidia
-        roots = list(nvidia.__path__)
-    except Exception:  # pragma: no cover - DALI's wheels are laid out under nvidia/
-        return None
-    for root in roots:
-        for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libnvjpeg.so.*"))):
-            try:
-                lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-                major, minor = ctypes.c_int(), ctypes.c_int()
-                if lib.nvjpegGetProperty(0, ctypes.byref(major)) == 0 and \
-                        lib.nvjpegGetProperty(1, ctypes.byref(minor)) == 0:
-                    return major.value, minor.value
-            except (OSError, AttributeError):
-                continue
-    return None
-
-
-def roi_decode_upsamples_like_libjpeg(device: str) -> bool:
-    """Whether a region decode can use libjpeg-style chroma upsampling at full speed: on the GPU,
-    with nvJPEG 13.2 or later (on the CPU backend the decoder is libjpeg-turbo already)."""
-    return device == "gpu" and (nvjpeg_version() or (0, 0)) >= (13, 2)
 
 
 def default_num_threads(device: str) -> int:
