@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import wrapt
 
+from .collate import CollateInMain, ProxyCollated, find_proxy_batches, finish, on_device
 from .config import Options, logger
 from .intercept import ChainRouter, WorkerInstaller, patch, routing, swap_folder_loaders, unswap
 from .ir import Unsupported
@@ -43,6 +44,7 @@ class Decision:
     folders: int = 0                                      # plain ImageFolders: their files read as bytes
     worker_transforms: List[str] = field(default_factory=list)
     unplanned: List[str] = field(default_factory=list)    # chains found that stay in the worker, and why
+    collate: Any = None                                   # the user's collate_fn, run in the main process
 
 
 def dali_import_error() -> Optional[str]:
@@ -91,9 +93,6 @@ def decide(loader: Any, options: Options) -> Decision:
     if not loader._auto_collation:
         return Decision(False, "batch_size=None (no batching): nothing for a batched pipeline",
                         worker_transforms=names)
-    if loader.collate_fn is not default_collate:
-        return Decision(False, f"a custom collate_fn ({getattr(loader.collate_fn, '__name__', loader.collate_fn)!r}) "
-                        "may look inside the images", worker_transforms=names)
     if max_batch_size(loader) is None:
         return Decision(False, "a batch_sampler without a batch_size attribute: the largest batch "
                         "(DALI's batch size) is unknown", worker_transforms=names)
@@ -117,7 +116,8 @@ def decide(loader: Any, options: Options) -> Decision:
     if device is None:
         return Decision(False, why, worker_transforms=names)
     classes = {type(chain) for _, chain in found.chains}
-    return Decision(True, None, device, plans, classes, len(found.folders), unplanned=unplanned)
+    collate = None if loader.collate_fn is default_collate else loader.collate_fn
+    return Decision(True, None, device, plans, classes, len(found.folders), unplanned=unplanned, collate=collate)
 
 
 def max_batch_size(loader: Any) -> Optional[int]:
@@ -250,31 +250,21 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
                               worker_transforms=chain_names(loader.dataset)), options)
         logger.debug("set-up failed", exc_info=True)
         return wrapped()
+    user_init, user_collate = loader.worker_init_fn, loader.collate_fn
+    if decision.collate is not None:  # the workers collate proxies; the user's collate runs here
+        loader.collate_fn = CollateInMain(decision.collate)
     if loader.num_workers > 0:
-        user_init = loader.worker_init_fn
         loader.worker_init_fn = WorkerInstaller(set(decision.plans), decision.chain_classes, user_init)
-        try:
-            inner = wrapped()
-        finally:
-            loader.worker_init_fn = user_init
     else:
         patch(decision.chain_classes)
+    try:
         inner = wrapped()
+    finally:
+        loader.worker_init_fn, loader.collate_fn = user_init, user_collate
     return ProxiedIterator(inner, loader, state, decision, options)
 
 
 # ----------------------------------------------------------------------------- the iterator
-def _find_proxy_batches(obj: Any, found: List[ProxyBatch]) -> None:
-    if isinstance(obj, ProxyBatch):
-        found.append(obj)
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            _find_proxy_batches(item, found)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            _find_proxy_batches(item, found)
-
-
 def _replace(obj: Any, table: Dict[int, torch.Tensor]) -> Any:
     """Rebuild the batch's nesting (tuple, list, dict, namedtuple) with tensors in place."""
     if isinstance(obj, ProxyBatch):
@@ -317,6 +307,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_main_dataset = loader.dataset if loader.num_workers == 0 else None
         self._self_router = ChainRouter(decision.plans) if loader.num_workers == 0 else None
         self._self_timeout = float(loader.timeout) if loader.timeout else None
+        self._self_collate = on_device(decision.collate) if decision.collate is not None else None
         weakref.finalize(self, state.give_back, self._self_runners)
 
     # -- runners
@@ -387,7 +378,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         index = self._self_count
         self._self_count += 1
         proxies: List[ProxyBatch] = []
-        _find_proxy_batches(batch, proxies)
+        find_proxy_batches(batch, proxies)
         for pb in proxies:
             for group in pb.groups:
                 runner = self._self_runner(group)
@@ -398,6 +389,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
     def _self_finish(self, entry: _InFlight):
         table: Dict[int, torch.Tensor] = {}
         try:
+            collated = isinstance(entry.batch, ProxyCollated)
             for pb in entry.proxies:
                 outputs = []
                 for gi, group in enumerate(pb.groups):
@@ -410,7 +402,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
                     except Exception as exc:
                         self._self_recover(entry, pb, gi)
                         outputs.append(self._self_on_cpu(group, entry.index, exc))
-                table[id(pb)] = self._self_assemble(pb, outputs)
+                table[id(pb)] = self._self_assemble(pb, outputs, stack=not collated)
         finally:
             rec = self._self_state.record
             rec["batches"] += 1
@@ -422,6 +414,12 @@ class ProxiedIterator(wrapt.ObjectProxy):
                 rec["samples"] += pb.size
                 rec["cpu_path_samples"] += len(pb.done_indices)
                 self._self_state.count_decoding(pb)
+        if collated:  # the user's collate_fn, on DALI's tensors, under the worker's random states
+            out = finish(entry.batch, [table[id(pb)] for pb in entry.batch.batches], self._self_collate)
+            if self._self_out == "cpu" and self._self_pin:  # what the loader's pin thread would have done
+                from torch.utils.data._utils.pin_memory import pin_memory
+                out = pin_memory(out)
+            return out
         return _replace(entry.batch, table)
 
     def _self_on_cpu(self, group: ProxyGroup, batch_index: int, dali_error: Exception) -> List[torch.Tensor]:
@@ -472,17 +470,21 @@ class ProxiedIterator(wrapt.ObjectProxy):
         for g in later_groups:
             runner.submit(g)
 
-    def _self_assemble(self, pb: ProxyBatch, outputs: List[Any]) -> torch.Tensor:
+    def _self_assemble(self, pb: ProxyBatch, outputs: List[Any], stack: bool = True) -> Any:
+        """The batch's tensor in sample order (``stack=False``: one tensor per sample, for a
+        user's collate_fn to batch)."""
         pieces: List[Tuple[List[int], Any]] = list(zip([g.indices for g in pb.groups], outputs))
         if pb.done_indices:
             pieces.append((pb.done_indices, pb.done_tensors()))
-        if len(pieces) == 1 and isinstance(pieces[0][1], torch.Tensor) and len(pieces[0][0]) == pb.size:
+        if stack and len(pieces) == 1 and isinstance(pieces[0][1], torch.Tensor) and len(pieces[0][0]) == pb.size:
             result = pieces[0][1]
         else:
             samples: List[Any] = [None] * pb.size
             for indices, out in pieces:
                 for i, t in zip(indices, out):
                     samples[i] = t.to(self._self_out) if self._self_out != "cpu" else t.cpu()
+            if not stack:
+                return samples
             result = torch.stack(samples)  # raises as default_collate would on unequal sizes
         if self._self_out == "cpu":
             result = result.cpu()

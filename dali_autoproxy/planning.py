@@ -48,11 +48,15 @@ class Plan:
         return hashlib.sha1(self.signature().encode()).hexdigest()[:16]
 
     def draw(self, height: int, width: int) -> List[float]:
+        return self.draw_sample(height, width)[0]
+
+    def draw_sample(self, height: int, width: int) -> Tuple[List[float], Tuple[int, int, int]]:
+        """One sample's params row, and the (C, H, W) of the tensor the plan makes of it."""
         g = SampleGeometry(height, width)
         for step in self.steps:
             if step.draw is not None:
                 step.draw(g)
-        return g.params
+        return g.params, (self.state.channels, int(g.height), int(g.width))
 
     def __getstate__(self) -> dict:
         """Pickled (a worker announcing a plan) without the drawers, which only workers run."""

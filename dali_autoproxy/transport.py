@@ -35,11 +35,14 @@ WHY_CPU = "not an RGB image: the whole chain ran in the worker"
 
 class ProxySample:
     """One sample's input to a DALI pipeline, or its finished CPU result (``done``)."""
-    __slots__ = ("key", "kind", "payload", "params", "path", "done", "why", "plan")
+    __slots__ = ("key", "kind", "payload", "params", "path", "done", "why", "plan", "shape", "dtype")
 
     def __init__(self, key: str, kind: str = RAW, payload: Optional[np.ndarray] = None,
                  params: Optional[List[float]] = None, path: Optional[str] = None,
-                 done: Optional[torch.Tensor] = None, why: Optional[str] = None, plan: Optional[Plan] = None):
+                 done: Optional[torch.Tensor] = None, why: Optional[str] = None, plan: Optional[Plan] = None,
+                 shape: Optional[Tuple[int, int, int]] = None, dtype: Optional[torch.dtype] = None):
+        self.shape = shape  # (C, H, W) and dtype of the tensor DALI will make of it
+        self.dtype = dtype
         self.key = key
         self.kind = kind
         self.payload = payload
@@ -67,6 +70,7 @@ class ProxyNode:
     def __init__(self, plan: Plan, original: Any, announce: bool):
         self.plan = plan
         self.key = plan.key
+        self.dtype = torch.uint8 if plan.state.dtype == "uint8" else torch.float32
         self.original = original
         self.announce = plan if announce else None  # sent with each sample: the main process lacks it
         flat = flatten(original) if plan.worker_prefix else []
@@ -78,8 +82,9 @@ class ProxyNode:
             enc = encoded_jpeg(img)
             if enc is not None:
                 data, (width, height), path = enc
-                return ProxySample(self.key, ENCODED, np.frombuffer(data, dtype=np.uint8),
-                                   self.plan.draw(height, width), path, plan=self.announce)
+                params, shape = self.plan.draw_sample(height, width)
+                return ProxySample(self.key, ENCODED, np.frombuffer(data, dtype=np.uint8), params, path,
+                                   plan=self.announce, shape=shape, dtype=self.dtype)
             why = _why_decoded_here(img) if isinstance(img, Image.Image) else WHY_CPU
         else:
             why = WHY_PREFIX
@@ -87,8 +92,9 @@ class ProxyNode:
                 img = t(img)
         if isinstance(img, Image.Image) and img.mode == "RGB":
             pixels = np.asarray(img)
-            height, width = pixels.shape[:2]
-            return ProxySample(self.key, RAW, pixels, self.plan.draw(height, width), why=why, plan=self.announce)
+            params, shape = self.plan.draw_sample(*pixels.shape[:2])
+            return ProxySample(self.key, RAW, pixels, params, why=why, plan=self.announce, shape=shape,
+                               dtype=self.dtype)
         return self._on_cpu(img)
 
     def _on_cpu(self, img: Any) -> Any:

@@ -123,12 +123,6 @@ def test_fallback_unsupported_argument(photo_root):
     _fallback_case(image_folder(photo_root, tf), "NEAREST on tensors")
 
 
-def test_fallback_custom_collate(photo_root):
-    def my_collate(batch):
-        return torch.stack([b[0] for b in batch]), torch.tensor([b[1] for b in batch])
-    _fallback_case(image_folder(photo_root, EVAL()), "custom collate_fn", collate_fn=my_collate)
-
-
 def test_fallback_no_batching(photo_root):
     _fallback_case(image_folder(photo_root, EVAL()), "batch_size=None", batch_size=None)
 

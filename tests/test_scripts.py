@@ -119,22 +119,6 @@ def test_wrap_dataset_for_transforms_v2(photo_root):
     compare(ref, out, normalized=False)
 
 
-def test_mixup_cutmix_collate_falls_back_with_identical_batches(photo_root):
-    """The v2 MixUp/CutMix collate pattern: the user's collate needs real images, so that
-    loader stays plain torchvision, with the reason given; its batches are identical."""
-    mix = v2.RandomChoice([v2.CutMix(num_classes=3), v2.MixUp(num_classes=3)])
-
-    def collate(batch):
-        return mix(*torch.utils.data.default_collate(batch))
-    ds = image_folder(photo_root, T.Compose([T.RandomResizedCrop(64), T.ToTensor()]))
-    ref = load_all(ds, autoproxy=False, seed=5, shuffle=True, collate_fn=collate)
-    out = load_all(ds, autoproxy=True, seed=5, shuffle=True, collate_fn=collate)
-    rep = last_report()
-    assert not rep["proxied"] and "custom collate_fn" in rep["reason"]
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ref, out))
-    assert ref[0][1].dtype == torch.float32 and ref[0][1].shape == (8, 3)  # soft labels: the collate ran
-
-
 class ClassificationPresetTrain:
     """The shape of torchvision's classification reference presets: the chain in an
     attribute, a __call__ that only applies it."""

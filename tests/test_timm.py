@@ -76,3 +76,28 @@ def test_timm_create_dataset_and_loader_decode_on_dali(photo_root):
     assert rep["proxied"] and rep["decoded_on_dali"] == sum(len(b[1]) for b in out), rep
     assert sorted(torch.cat([b[1] for b in ref]).tolist()) == sorted(torch.cat([b[1] for b in out]).tolist())
     compare(ref, out)
+
+
+def _timm_prefetch_batches(root, autoproxy, seed):
+    """timm's training-script default: fast_collate (uint8) and PrefetchLoader (normalise on the device)."""
+    import dali_autoproxy
+    if autoproxy:
+        dali_autoproxy.enable(device="cpu", log_level="WARNING")
+    try:
+        torch.manual_seed(seed)
+        ds = timm_data.create_dataset("", root=root, split="")
+        loader = timm_data.create_loader(ds, input_size=(3, 96, 96), batch_size=8, is_training=True,
+                                         use_prefetcher=True, num_workers=2, interpolation="bilinear",
+                                         device=torch.device("cpu"), worker_seeding="all")
+        return [(x.clone(), y.clone()) for x, y in loader]
+    finally:
+        dali_autoproxy.disable()
+
+
+def test_timm_fast_collate_and_prefetch_loader(photo_root):
+    ref = _timm_prefetch_batches(photo_root, False, 4)
+    out = _timm_prefetch_batches(photo_root, True, 4)
+    rep = last_report()
+    assert rep["proxied"] and rep["decoded_on_dali"] == sum(len(b[1]) for b in out), rep
+    assert ref[0][0].dtype == torch.float32  # normalised by the prefetcher
+    compare(ref, out)
