@@ -179,6 +179,37 @@ def on_device(collate: Callable) -> Callable:
     return ON_DEVICE[name](collate) if name in ON_DEVICE else collate
 
 
+def mixed_to_samples(data: List[Any]) -> List[Any]:
+    """Where some samples hold a ProxySample and others a plain tensor at the same place (a
+    chain taken over for some samples only), the tensors become finished ProxySamples so that
+    default_collate batches them together."""
+    def fix(items: List[Any]) -> List[Any]:
+        first = items[0]
+        if any(isinstance(x, ProxySample) for x in items):
+            return [ProxySample("", done=x) if isinstance(x, torch.Tensor) else x for x in items]
+        if isinstance(first, dict):
+            columns = {k: fix([x[k] for x in items]) for k in first}
+            return [_same_mapping(x, {k: columns[k][i] for k in first}) for i, x in enumerate(items)]
+        if isinstance(first, (list, tuple)) and all(len(x) == len(first) for x in items):
+            columns = [fix([x[j] for x in items]) for j in range(len(first))]
+            rows = [[c[i] for c in columns] for i in range(len(items))]
+            return [type(x)(*r) if hasattr(x, "_fields") else type(x)(r) for x, r in zip(items, rows)]
+        return items
+    return fix(data) if data else data
+
+
+class DefaultCollate:
+    """default_collate in a proxied loader's workers, able to batch a mix of proxied and finished
+    samples at one place (default_collate picks its handler from the first sample only)."""
+
+    def __call__(self, data: List[Any]) -> Any:
+        from torch.utils.data import default_collate
+        try:
+            return default_collate(data)
+        except TypeError:
+            return default_collate(mixed_to_samples(data))
+
+
 def find_proxy_batches(obj: Any, found: List[ProxyBatch]) -> Optional[ProxyCollated]:
     """Collect a batch's ProxyBatches (those of a ProxyCollated too)."""
     if isinstance(obj, ProxyCollated):

@@ -29,6 +29,7 @@ from torch.utils.data import get_worker_info
 from .config import logger
 from .deferred import DeferredFileLoader, JpegImageFile, defer_convert
 from .ir import Unsupported
+from .libraries import loaded_decoders
 from .planning import build_plan, walk
 from .translate import compose_types
 from .transport import ProxyNode, ProxySample
@@ -71,6 +72,11 @@ class _Local(threading.local):
 
 
 _local = _Local()
+
+
+def routing_active() -> bool:
+    """Whether this thread is inside a proxied loader's fetch (a worker, or num_workers=0)."""
+    return _local.router is not None
 
 
 def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -128,28 +134,6 @@ def guarded_get(dataset: Any, index: Any) -> Any:
         return dataset[index]
 
 
-def _mixed_to_samples(data: List[Any]) -> List[Any]:
-    """Where some samples hold a ProxySample and others a plain tensor at the same place (a
-    chain taken over for some samples only), the tensors become finished ProxySamples so that
-    default_collate batches them together."""
-    def has_proxy(items: List[Any]) -> bool:
-        return any(isinstance(x, ProxySample) for x in items)
-
-    def fix(items: List[Any]) -> List[Any]:
-        first = items[0]
-        if has_proxy(items):
-            return [ProxySample("", done=x) if isinstance(x, torch.Tensor) else x for x in items]
-        if isinstance(first, dict):
-            columns = {k: fix([x[k] for x in items]) for k in first}
-            return [type(x)({k: columns[k][i] for k in first}) for i, x in enumerate(items)]
-        if isinstance(first, (list, tuple)) and all(len(x) == len(first) for x in items):
-            columns = [fix([x[j] for x in items]) for j in range(len(first))]
-            rows = [[c[i] for c in columns] for i in range(len(items))]
-            return [type(x)(*r) if hasattr(x, "_fields") else type(x)(r) for x, r in zip(items, rows)]
-        return items
-    return fix(data) if data else data
-
-
 def guarded_fetch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """wrapt wrapper of torch's ``_MapDatasetFetcher.fetch`` in a proxied loader's worker."""
     if _local.router is None or kwargs or len(args) != 1:
@@ -161,10 +145,7 @@ def guarded_fetch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
         data = instance.dataset.__getitems__(index)
     else:
         data = [guarded_get(instance.dataset, i) for i in index]
-    try:
-        return instance.collate_fn(data)
-    except TypeError:
-        return instance.collate_fn(_mixed_to_samples(data))
+    return instance.collate_fn(data)
 
 
 # ----------------------------------------------------------------------------- installing
@@ -174,14 +155,16 @@ def entry_point(cls: type) -> str:
 
 
 def patch(chain_classes: Iterable[type]) -> None:
-    """Wrap the entry points of these chain classes, Pillow's JPEG convert and torch's map
-    fetcher, in this process (idempotent; recorded by the instrumentor, undone by disable())."""
+    """Wrap the entry points of these chain classes, Pillow's JPEG convert, torch's map fetcher
+    and the loaded data libraries' image decoders, in this process (idempotent; recorded by the instrumentor, undone by disable())."""
     from torch.utils.data._utils.fetch import _MapDatasetFetcher
     from .patching import instrumentor
     for cls in set(compose_types()) | set(chain_classes):
         instrumentor.wrap(cls, entry_point(cls), on_chain_call)
     instrumentor.wrap(JpegImageFile, "convert", _convert)
     instrumentor.wrap(_MapDatasetFetcher, "fetch", guarded_fetch)
+    for owner, method, wrapper in loaded_decoders():  # webdataset's and Hugging Face's eager decoders
+        instrumentor.wrap(owner, method, wrapper)
 
 
 def swap_folder_loaders(dataset: Any) -> List[Tuple[Any, str, Any]]:

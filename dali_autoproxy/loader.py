@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import wrapt
 
-from .collate import CollateInMain, ProxyCollated, find_proxy_batches, finish, on_device
+from .collate import CollateInMain, DefaultCollate, ProxyCollated, find_proxy_batches, finish, on_device
 from .config import Options, logger
 from .intercept import ChainRouter, WorkerInstaller, patch, routing, swap_folder_loaders, unswap
 from .ir import Unsupported
@@ -84,12 +84,9 @@ def chain_names(dataset: Any) -> List[str]:
 
 def decide(loader: Any, options: Options) -> Decision:
     """Proxy this loader, or say precisely why not. Never raises for user data."""
-    from torch.utils.data.dataloader import _DatasetKind
     from torch.utils.data._utils.collate import default_collate
     found = walk(loader.dataset)
     names = [transform_name(t) for _, chain in found.chains for t in flatten(chain)]
-    if loader._dataset_kind != _DatasetKind.Map:
-        return Decision(False, "IterableDataset is not supported (map-style datasets are)", worker_transforms=names)
     if not loader._auto_collation:
         return Decision(False, "batch_size=None (no batching): nothing for a batched pipeline",
                         worker_transforms=names)
@@ -251,8 +248,8 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
         logger.debug("set-up failed", exc_info=True)
         return wrapped()
     user_init, user_collate = loader.worker_init_fn, loader.collate_fn
-    if decision.collate is not None:  # the workers collate proxies; the user's collate runs here
-        loader.collate_fn = CollateInMain(decision.collate)
+    # the workers collate proxies; a user's collate runs here, on DALI's tensors
+    loader.collate_fn = CollateInMain(decision.collate) if decision.collate is not None else DefaultCollate()
     if loader.num_workers > 0:
         loader.worker_init_fn = WorkerInstaller(set(decision.plans), decision.chain_classes, user_init)
     else:

@@ -135,8 +135,16 @@ class _Stream(torch.utils.data.IterableDataset):
         return (self.inner[i] for i in range(len(self.inner)))
 
 
-def test_fallback_iterable_dataset(photo_root):
-    _fallback_case(_Stream(image_folder(photo_root, EVAL())), "IterableDataset", num_workers=0)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterable_dataset_is_proxied(photo_root, workers):
+    """An IterableDataset's chains are taken where its iterator calls them (each worker here
+    streams the whole dataset, as the class does: the library's sharding is kept)."""
+    ds = _Stream(image_folder(photo_root, EVAL()))
+    ref = load_all(ds, autoproxy=False, num_workers=workers)
+    out = load_all(ds, autoproxy=True, num_workers=workers)
+    rep = last_report()
+    assert rep["proxied"] and rep["decoded_on_dali"] == sum(len(b[1]) for b in out), rep
+    compare(ref, out)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU fallback")
