@@ -1,7 +1,8 @@
-"""Kept for the benchmarks' imports: the corpus maker lives in dali_autoproxy.corpus (the
-demo command uses it too)."""
-from dali_autoproxy.corpus import PHOTOS, make_corpus  # noqa: F401
+"""The corpus maker of the benchmarks (it lives in dali_autoproxy.corpus; the demo command uses it too).
+
+    python benchmarks/corpus.py ROOT --images 8192
+"""
+from dali_autoproxy.corpus import PHOTOS, main, make_corpus  # noqa: F401
 
 if __name__ == "__main__":
-    import runpy
-    runpy.run_module("dali_autoproxy.corpus", run_name="__main__")
+    main()

@@ -1,9 +1,8 @@
 """``python -m dali_autoproxy script.py args...`` == ``dali-autoproxy run script.py args...``."""
 import sys
 
-from .cli import main, run_script
+from .cli import main
 
 if len(sys.argv) > 1 and sys.argv[1].endswith(".py"):
-    run_script(sys.argv[1], sys.argv[2:])
-else:
-    sys.exit(main())
+    sys.exit(main(["run"] + sys.argv[1:]))
+sys.exit(main())

@@ -12,8 +12,33 @@ import sys
 from typing import List, Optional
 
 
+DESCRIPTION = ("Run a PyTorch training script with its DataLoaders' JPEG decoding and torchvision "
+               "transforms moved onto NVIDIA DALI (run), compare it plain and with autoproxy (ab), "
+               "or try it on a generated dataset (demo).")
+
+
+class UsageError(Exception):
+    """A mistake on the command line: one line on stderr, exit status 2, no traceback."""
+
+
+def check_script(script: str) -> None:
+    if not os.path.isfile(script):
+        raise UsageError(f"no such script: {script}")
+
+
+def check_options() -> None:
+    """The DALI_AUTOPROXY_* variables, validated before anything runs."""
+    from .config import resolve_options
+    try:
+        resolve_options()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def run_script(script: str, args: List[str]) -> None:
     from . import enable
+    check_script(script)
+    check_options()
     enable()
     sys.argv = [script] + list(args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
@@ -21,8 +46,15 @@ def run_script(script: str, args: List[str]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="dali-autoproxy", description=__doc__.split("\n")[0])
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        print(f"dali-autoproxy: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dali-autoproxy", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a training script with autoproxy enabled")
     run.add_argument("script")
@@ -35,7 +67,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         run_script(ns.script, ns.args)
         return 0
     if ns.command == "ab":
+        check_script(ns.script)
+        check_options()
         return ab.run(ns)
+    check_options()
     return demo.run(ns)
 
 

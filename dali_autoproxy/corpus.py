@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 from concurrent.futures import ProcessPoolExecutor
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -75,10 +75,14 @@ def make_corpus(root: str, n_images: int, n_classes: int = 10, jobs: int = 0) ->
             "mean_file_kb": round(sum(sizes) / max(1, len(sizes)) / 1024, 1)}
 
 
-if __name__ == "__main__":
+def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("root")
-    p.add_argument("--images", type=int, default=8192)
-    p.add_argument("--classes", type=int, default=10)
-    a = p.parse_args()
+    p.add_argument("root", help="folder to create the ImageFolder in (reused when already made)")
+    p.add_argument("--images", type=int, default=8192, help="number of JPEGs")
+    p.add_argument("--classes", type=int, default=10, help="number of class folders")
+    a = p.parse_args(argv)
     print(make_corpus(a.root, a.images, a.classes))
+
+
+if __name__ == "__main__":
+    main()

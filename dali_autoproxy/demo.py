@@ -41,12 +41,13 @@ DEMO_SCRIPT = textwrap.dedent('''
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--images", type=int, default=512, help="JPEGs in the generated dataset")
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 2))
-    ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "dali_autoproxy"))
-    ap.add_argument("--json")
-    ap.add_argument("--plot")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs of each loader per arm")
+    ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 2), help="DataLoader workers")
+    ap.add_argument("--repeat", type=int, default=1, help="alternate the plain and autoproxy arms this many times")
+    ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "dali_autoproxy"),
+                    help="where the generated dataset is kept between runs")
+    ap.add_argument("--json", help="also write both arms' measurements to this JSON file")
+    ap.add_argument("--plot", help="also draw throughput over time to this PNG (needs matplotlib)")
 
 
 def run(ns: argparse.Namespace) -> int:

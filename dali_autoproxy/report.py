@@ -19,6 +19,8 @@ def report() -> List[dict]:
 def format_report(rows: Optional[List[dict]] = None) -> str:
     rows = report() if rows is None else rows
     if not rows:
+        if not instrumentor.active:
+            return ("dali_autoproxy is not enabled: call dali_autoproxy.enable() or run with DALI_AUTOPROXY=1")
         return "dali_autoproxy: no DataLoader seen yet"
 
     def cell(v) -> str:

@@ -1,0 +1,66 @@
+"""A mistake on the command line is one clear line and a non-zero exit, whatever the entry point;
+never a traceback, and the plain arm of ``ab`` never fails on autoproxy's options."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _cli(*args, **env_extra):
+    env = dict(os.environ)
+    env.pop("DALI_AUTOPROXY", None)
+    env.update(env_extra)
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=300, env=env)
+
+
+ENTRY_POINTS = {
+    "run": lambda *a: [sys.executable, "-m", "dali_autoproxy.cli", "run", *a],
+    "python -m": lambda *a: [sys.executable, "-m", "dali_autoproxy", *a],
+    "ab": lambda *a: [sys.executable, "-m", "dali_autoproxy.cli", "ab", "--batches", "2", *a],
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_missing_script_is_one_line(entry, tmp_path):
+    res = _cli(*ENTRY_POINTS[entry](str(tmp_path / "nosuch.py")))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines() == [f"dali-autoproxy: error: no such script: {tmp_path / 'nosuch.py'}"]
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_bad_option_variable_is_one_line(entry, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('ran')\n")
+    res = _cli(*ENTRY_POINTS[entry](str(script)), DALI_AUTOPROXY_DEVICE="quantum")
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "ran" not in res.stdout, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "DALI_AUTOPROXY_DEVICE='quantum'" in lines[0], lines
+
+
+def test_help_texts_are_plain():
+    top = _cli(sys.executable, "-m", "dali_autoproxy.cli", "--help")
+    assert top.returncode == 0 and "``" not in top.stdout
+    demo = _cli(sys.executable, "-m", "dali_autoproxy.cli", "demo", "--help")
+    for option in ("--images", "--epochs", "--workers", "--repeat", "--cache", "--json", "--plot"):
+        line = next(ln for ln in demo.stdout.splitlines() if ln.strip().startswith(option))
+        assert len(line.split()) > 2 or option in ("--json", "--plot"), line  # a help text follows
+    assert "generated dataset" in demo.stdout and "JSON" in demo.stdout
+
+
+def test_corpus_script_runs(tmp_path):
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    res = _cli(sys.executable, os.path.join(bench, "corpus.py"), str(tmp_path / "c"), "--images", "12", "--classes", "3")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len(list((tmp_path / "c").rglob("*.jpg"))) == 12 and "'images': 12" in res.stdout
+
+
+def test_print_report_says_when_not_enabled(capsys):
+    import dali_autoproxy
+    dali_autoproxy.disable()
+    if not dali_autoproxy.report():
+        dali_autoproxy.print_report()
+        assert "not enabled" in capsys.readouterr().out
+    dali_autoproxy.enable(device="cpu", log_level="ERROR")
+    from dali_autoproxy.report import format_report
+    assert "not enabled" not in format_report([])
