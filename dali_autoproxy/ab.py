@@ -18,7 +18,12 @@ import traceback
 from collections import deque
 from typing import Dict, List, Optional
 
+MIN_STABLE_BATCHES = 50   # fewer counted batches per loader than this: the ratio is noisy, say so
+WIDE_SPREAD = 0.2         # --repeat runs whose B/A spread (max-min) exceeds this share of the median
+
 METRICS = [  # (key in a loader summary, label, format)
+    ("counted_batches", "batches counted", "{:,.0f}"),
+    ("samples", "samples counted", "{:,.0f}"),
     ("samples_per_s", "samples/s", "{:,.0f}"),
     ("latency_p50_ms", "batch latency p50 (ms)", "{:.2f}"),
     ("latency_p99_ms", "batch latency p99 (ms)", "{:.2f}"),
@@ -121,11 +126,12 @@ def _median(values: List[Optional[float]]) -> Optional[float]:
     return statistics.median(vals) if vals else None
 
 
-def format_table(runs: Dict[str, List[Dict]]) -> str:
-    """One table per DataLoader (matched by creation order), then the whole-process rows."""
+def format_table(runs: Dict[str, List[Dict]], warm: int = 5) -> str:
+    """One table per DataLoader (matched by creation order), then the whole-process rows, then
+    warnings where the figures are too few or too spread to trust."""
     lines: List[str] = []
+    warnings: List[str] = []
     n_loaders = max([len(r.get("loaders", [])) for arm in runs.values() for r in arm] or [0])
-    warm = (runs["A"] + runs["B"])[0].get("warmup_batches", 0) if runs["A"] + runs["B"] else 0
     repeats = max(len(runs["A"]), len(runs["B"]))
     lines.append(f"dali-autoproxy ab: A = plain torchvision, B = autoproxy; {repeats} run(s) per arm"
                  f"{', median (min-max)' if repeats > 1 else ''}; the first {warm} batches of each "
@@ -150,13 +156,26 @@ def format_table(runs: Dict[str, List[Dict]]) -> str:
             ratio = f"{mb / ma:.2f}x" if key == "samples_per_s" and ma and mb else ""
             rows.append((label, _agg(a, fmt), _agg(b, fmt), ratio))
         lines += _grid(rows)
+        fewest = min([v for v in col("A", "counted_batches") + col("B", "counted_batches") if v is not None] or [0])
+        if fewest < MIN_STABLE_BATCHES:
+            warnings.append(f"DataLoader #{i + 1}: only {fewest} batches counted in an arm; a ratio from so few "
+                            f"is noisy (use --batches {MIN_STABLE_BATCHES * 6} or --seconds 60)")
+        a_rows = [r["loaders"][i] for r in runs["A"] if len(r.get("loaders", [])) > i]
+        ratios = [b["samples_per_s"] / a["samples_per_s"] for a, b in zip(a_rows, b_rows)
+                  if a.get("samples_per_s") and b.get("samples_per_s")]
+        if len(ratios) > 1 and (max(ratios) - min(ratios)) > WIDE_SPREAD * statistics.median(ratios):
+            warnings.append(f"DataLoader #{i + 1}: B/A varied from {min(ratios):.2f}x to {max(ratios):.2f}x over the "
+                            "repeats; the machine is noisy (more --repeat, or a quieter machine)")
     rows = [("whole process", "A: torchvision", "B: autoproxy", "B/A")]
     for key, label, fmt in ARM_METRICS:
         a, b = [r.get(key) for r in runs["A"]], [r.get(key) for r in runs["B"]]
         ma, mb = _median(a), _median(b)
         rows.append((label, _agg(a, fmt), _agg(b, fmt), f"{mb / ma:.2f}x" if ma and mb else ""))
+    rows.append(("ended", " / ".join(r.get("status", "?") for r in runs["A"]) or "-",
+                 " / ".join(r.get("status", "?") for r in runs["B"]) or "-", ""))
     lines.append("")
     lines += _grid(rows)
+    lines += [f"warning: {w}" for w in warnings]
     return "\n".join(lines)
 
 
@@ -222,7 +241,7 @@ def run(ns: argparse.Namespace) -> int:
         for k in range(max(1, ns.repeat)):
             for arm in ("A", "B"):
                 runs[arm].append(_run_arm(arm, ns.script, ns.args, ns, os.path.join(tmp, f"{arm}{k}.json")))
-    print(format_table(runs), flush=True)
+    print(format_table(runs, ns.warmup), flush=True)
     if ns.json:
         with open(ns.json, "w") as f:
             json.dump(runs, f, indent=1)

@@ -97,7 +97,7 @@ class LoaderStats:
                                "proxied": self.record.get("proxied"), "reason": self.record.get("reason"),
                                "device": self.record.get("device"),
                                "batches": sum(len(g["sizes"]) for g in self.segments), "warmup_batches": warmup}
-        samples, seconds, waits, timeline = 0, 0.0, [], []
+        samples, seconds, waits, timeline, counted = 0, 0.0, [], [], 0
         origin = None
         for k, seg in enumerate(self.segments):
             skip = warmup if k == 0 else 0
@@ -106,12 +106,14 @@ class LoaderStats:
             t0 = seg["arrivals"][skip - 1] if skip else seg["start"]
             origin = t0 if origin is None else origin
             samples += sum(seg["sizes"][skip:])
+            counted += len(seg["sizes"][skip:])
             seconds += seg["arrivals"][-1] - t0
             waits += seg["waits"][skip:]
             timeline += [[round(t - origin, 4), n] for t, n in zip(seg["arrivals"][skip:], seg["sizes"][skip:])]
         if samples and seconds > 0:
             waits.sort()
-            out.update(samples=samples, seconds=round(seconds, 4), samples_per_s=round(samples / seconds, 1),
+            out.update(samples=samples, counted_batches=counted, seconds=round(seconds, 4),
+                       samples_per_s=round(samples / seconds, 1),
                        latency_p50_ms=round(1000 * waits[len(waits) // 2], 2),
                        latency_p99_ms=round(1000 * waits[min(len(waits) - 1, int(0.99 * len(waits)))], 2),
                        waited_s=round(sum(waits), 3), waited_fraction=round(min(1.0, sum(waits) / seconds), 3),

@@ -51,6 +51,9 @@ def test_ab_on_an_unchanged_script(tmp_path, photo_root):
                   "CPU s per 1,000 samples", "peak RSS, main process", "peak GPU memory"):
         assert label in out
     assert "script finished" not in out  # ended at the limit, cleanly
+    assert "batches counted" in out and "samples counted" in out
+    assert "stopped at the limit" in out  # the "ended" row, per arm
+    assert "warning: DataLoader #1: only" in out  # 30 batches over two loaders: too few for a stable ratio
     assert "Traceback" not in res.stderr
     assert "[dali_autoproxy ab] arm A" in res.stderr and "[dali_autoproxy ab] arm B" in res.stderr  # progress
     runs = json.loads(keep.read_text())
@@ -59,6 +62,7 @@ def test_ab_on_an_unchanged_script(tmp_path, photo_root):
         assert r["status"] == "stopped at the limit" and r["exit_code"] == 0
         assert sum(lo["batches"] for lo in r["loaders"]) == 30
         assert all(lo["samples_per_s"] > 0 for lo in r["loaders"])
+        assert all(lo["counted_batches"] == lo["batches"] - 2 and lo["samples"] > 0 for lo in r["loaders"])
     assert all(lo["proxied"] for lo in runs["B"][0]["loaders"])
     assert not any(lo["proxied"] for lo in runs["A"][0]["loaders"])
 
@@ -77,6 +81,7 @@ def test_ab_reports_the_failing_arm(tmp_path, photo_root):
     assert res.returncode != 0
     assert "arm B (run 1) FAILED" in res.stdout and "the training step broke in arm B" in res.stdout
     assert "arm A (run 1) FAILED" not in res.stdout
+    assert "the first 5 batches of each loader are warm-up" in res.stdout
 
 
 def test_demo_runs_on_a_machine_without_data(tmp_path):
