@@ -35,6 +35,9 @@ from .translate import compose_types
 from .transport import ProxyNode, ProxySample
 
 
+MAX_CHAINS = 256  # chain objects remembered per worker
+
+
 class ChainRouter:
     """One worker's (or one main-process fetch's) chains: each chain object's ProxyNode, made
     on first call; None for a chain that stays plain torchvision."""
@@ -53,6 +56,8 @@ class ChainRouter:
                 node = None
             else:
                 node = ProxyNode(plan, chain, announce=plan.key not in self.known)
+            if len(self.nodes) >= MAX_CHAINS:  # chains made anew per sample: plan them again, hold none
+                self.nodes.clear()
             entry = self.nodes[id(chain)] = (chain, node)  # holds the chain: its id stays its own
         return entry[1]
 

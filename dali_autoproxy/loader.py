@@ -351,9 +351,13 @@ class ProxiedIterator(wrapt.ObjectProxy):
         if not inflight:
             raise StopIteration
         entry = inflight.popleft()
-        if entry.error is not None:
-            raise entry.error
-        return self._self_finish(entry)
+        if entry.error is None:
+            return self._self_finish(entry)
+        error, entry = entry.error, None
+        try:
+            raise error
+        finally:  # no reference cycle frame -> error -> traceback -> frame: this iterator, and the
+            error = None  # DataLoader's with its workers, are freed as soon as the loop lets go
 
     def _self_fetch(self) -> Any:
         if self._self_main_dataset is None:

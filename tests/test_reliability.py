@@ -444,3 +444,43 @@ def test_fast_jpeg_header_agrees_with_pil_or_defers(mixed_root):
             assert (h.format, h.mode, h.size[0], h.size[1]) == ("JPEG",) + fast[:3]
         answered += 1
     assert answered >= 10
+
+
+def test_after_a_killed_worker_no_worker_is_left_and_the_next_epoch_is_clean(photo_root):
+    """As plain torchvision: once the loop has the RuntimeError and lets go of the iterator, no
+    worker process is left (without waiting for the garbage collector), and the next epoch
+    prints no error from the old iterator."""
+    script = textwrap.dedent(f"""
+        import gc, os, sys, time, torch
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        gc.disable()  # nothing may depend on the cycle collector
+        import dali_autoproxy
+        from test_reliability import Faulty
+        if sys.argv[1] == "1":
+            dali_autoproxy.enable(device="cpu", log_level="ERROR")
+
+        def children():
+            return [t for t in os.listdir("/proc") if t.isdigit() and open(f"/proc/{{t}}/stat").read().split()[3]
+                    == str(os.getpid())]
+        ds = Faulty({photo_root!r}, "kill")
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, timeout=10)
+        try:
+            for _ in loader:
+                pass
+        except RuntimeError:
+            pass
+        for _ in range(50):
+            if not children():
+                break
+            time.sleep(0.1)
+        print("LEFT", len(children()), flush=True)
+        ds.at = -1
+        print("NEXT", sum(len(y) for _, y in loader), flush=True)
+    """)
+    for auto in ("0", "1"):
+        for attempt in range(2):  # plain torch sometimes dies of the killed worker's EOFError first
+            res = subprocess.run([sys.executable, "-c", script, auto], capture_output=True, text=True, timeout=120)
+            if "LEFT" in res.stdout:
+                break
+        assert "LEFT 0" in res.stdout, (auto, res.stdout, res.stderr[-2000:])
+        assert "NEXT 24" in res.stdout and "AssertionError" not in res.stderr, (auto, res.stdout, res.stderr[-2000:])

@@ -51,17 +51,19 @@ def test_timm_is_not_imported_by_us():
     assert res.returncode == 0 and res.stdout.strip() == "False", res.stderr
 
 
-def _timm_batches(root, autoproxy, seed):
-    """timm's own dataset and loader as its training script builds them (no prefetcher)."""
+def _timm_batches(root, autoproxy, seed, prefetcher=False):
+    """timm's own dataset and loader as its training script builds them; ``prefetcher``: the
+    script's default, fast_collate (uint8) and PrefetchLoader (normalising on the device)."""
     import dali_autoproxy
     if autoproxy:
         dali_autoproxy.enable(device="cpu", log_level="WARNING")
     try:
         torch.manual_seed(seed)
         ds = timm_data.create_dataset("", root=root, split="")
+        extra = dict(device=torch.device("cpu")) if prefetcher else dict(color_jitter=0.4)
         loader = timm_data.create_loader(ds, input_size=(3, 96, 96), batch_size=8, is_training=True,
-                                         use_prefetcher=False, num_workers=2, color_jitter=0.4,
-                                         interpolation="bilinear", worker_seeding="all")
+                                         use_prefetcher=prefetcher, num_workers=2, interpolation="bilinear",
+                                         worker_seeding="all", **extra)
         return [(x.clone(), y.clone()) for x, y in loader]
     finally:
         dali_autoproxy.disable()
@@ -78,25 +80,9 @@ def test_timm_create_dataset_and_loader_decode_on_dali(photo_root):
     compare(ref, out)
 
 
-def _timm_prefetch_batches(root, autoproxy, seed):
-    """timm's training-script default: fast_collate (uint8) and PrefetchLoader (normalise on the device)."""
-    import dali_autoproxy
-    if autoproxy:
-        dali_autoproxy.enable(device="cpu", log_level="WARNING")
-    try:
-        torch.manual_seed(seed)
-        ds = timm_data.create_dataset("", root=root, split="")
-        loader = timm_data.create_loader(ds, input_size=(3, 96, 96), batch_size=8, is_training=True,
-                                         use_prefetcher=True, num_workers=2, interpolation="bilinear",
-                                         device=torch.device("cpu"), worker_seeding="all")
-        return [(x.clone(), y.clone()) for x, y in loader]
-    finally:
-        dali_autoproxy.disable()
-
-
 def test_timm_fast_collate_and_prefetch_loader(photo_root):
-    ref = _timm_prefetch_batches(photo_root, False, 4)
-    out = _timm_prefetch_batches(photo_root, True, 4)
+    ref = _timm_batches(photo_root, False, 4, prefetcher=True)
+    out = _timm_batches(photo_root, True, 4, prefetcher=True)
     rep = last_report()
     assert rep["proxied"] and rep["decoded_on_dali"] == sum(len(b[1]) for b in out), rep
     assert ref[0][0].dtype == torch.float32  # normalised by the prefetcher
