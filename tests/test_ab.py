@@ -84,11 +84,21 @@ def test_ab_reports_the_failing_arm(tmp_path, photo_root):
     assert "the first 5 batches of each loader are warm-up" in res.stdout
 
 
+def test_demo_is_sized_for_the_machine():
+    """Large enough on a GPU for each arm to reach its steady rate (>= 10 s of loader time)."""
+    from dali_autoproxy.demo import CPU_SIZE, GPU_SIZE
+    images, epochs, seconds = GPU_SIZE
+    assert seconds >= 10 and images * epochs * 2 >= 20_000 * seconds  # autoproxy's H200 rate cannot run out
+    assert CPU_SIZE[0] <= 1024 and CPU_SIZE[2] is None
+
+
 def test_demo_runs_on_a_machine_without_data(tmp_path):
     res = subprocess.run([_exe(), "demo", "--images", "64", "--workers", "2", "--epochs", "1",
                           "--cache", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "64 JPEGs" in res.stdout
     assert ("arm B runs DALI on DALI's CPU backend" in res.stdout) or ("arm B runs DALI on the GPU" in res.stdout)
+    if "CPU backend" in res.stdout:  # says plainly where the speed is, and what was measured there
+        assert "not to be fast" in res.stdout and "The speed is on the GPU: on an H200" in res.stdout
     assert "DataLoader #1 (ImageFolder), arm B proxied" in res.stdout
     assert "DataLoader #2 (ImageFolder), arm B proxied" in res.stdout
