@@ -54,6 +54,9 @@ class ChainRouter:
                 plan = build_plan(chain)
             except Unsupported:
                 node = None
+            except Exception:  # a converter tripped on an unusual transform: never the user's problem
+                logger.debug("planning a chain in a worker failed; it runs as plain torchvision", exc_info=True)
+                node = None
             else:
                 node = ProxyNode(plan, chain, announce=plan.key not in self.known)
             if len(self.nodes) >= MAX_CHAINS:  # chains made anew per sample: plan them again, hold none
