@@ -119,8 +119,8 @@ def _tensor_color_jitter(img, op: TensorColorJitter, row, v2_step):
 
 @CPU_KERNELS.register(Warp)
 def _warp(img, op: Warp, row, v2_step):  # what torchvision's rotate/affine ask of Pillow
-    return img.transform(img.size, Image.AFFINE, list(row[op.slot:op.slot + 6]), Image.NEAREST,
-                         fillcolor=_pil_fill(op.fill))
+    return img.transform(img.size, Image.AFFINE, list(row[op.slot:op.slot + 6]),
+                         Image.BILINEAR if op.bilinear else Image.NEAREST, fillcolor=_pil_fill(op.fill))
 
 
 @CPU_KERNELS.register(Perspective)
@@ -135,8 +135,8 @@ def _perspective(img, op: Perspective, row, v2_step):  # what torchvision's pers
 @CPU_KERNELS.register(Augment)
 def _augment(img, op: Augment, row, v2_step):  # torchvision's own policy operation, v1 units
     from torchvision.transforms.autoaugment import _apply_op
-    return _apply_op(img, AUGMENT_OPS[int(row[op.slot])], float(row[op.slot + 1]), interpolation=M.NEAREST,
-                     fill=[float(v) for v in op.fill])
+    return _apply_op(img, AUGMENT_OPS[int(row[op.slot])], float(row[op.slot + 1]),
+                     interpolation=M.BILINEAR if op.bilinear else M.NEAREST, fill=[float(v) for v in op.fill])
 
 
 @CPU_KERNELS.register(Grayscale)

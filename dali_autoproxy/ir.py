@@ -129,11 +129,12 @@ class Erase:
 
 @dataclass(frozen=True)
 class Warp:
-    """Pillow's nearest-neighbour affine transform (what torchvision's rotate and affine do to
-    PIL images): the inverse matrix in params[slot:slot+6], ``fill`` outside the image."""
+    """Pillow's affine transform (what torchvision's rotate and affine do to PIL images), nearest
+    or ``bilinear``: the inverse matrix in params[slot:slot+6], ``fill`` outside the image."""
     placement: ClassVar[Placement] = Placement.TORCH
     slot: int
     fill: Tuple[float, ...]
+    bilinear: bool = False
 
 
 PERSPECTIVE_IDENTITY = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
@@ -157,10 +158,12 @@ AUGMENT_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rota
 @dataclass(frozen=True)
 class Augment:
     """One operation of an augmentation policy per sample, as torchvision's ``_apply_op`` does it
-    on a PIL image: AUGMENT_OPS[params[slot]] with magnitude params[slot+1] (v1's units)."""
+    on a PIL image: AUGMENT_OPS[params[slot]] with magnitude params[slot+1] (v1's units); the
+    geometric operations sample nearest, or ``bilinear``."""
     placement: ClassVar[Placement] = Placement.TORCH
     slot: int
     fill: Tuple[float, ...]
+    bilinear: bool = False
 
 
 @dataclass(frozen=True)

@@ -19,17 +19,18 @@ CASES = [("ShearX", [0.3, -0.5]), ("ShearY", [0.2, -0.99]), ("TranslateX", [12.7
          ("Identity", [0.0])]
 
 
+@pytest.mark.parametrize("bilinear", [False, True], ids=["nearest", "bilinear"])
 @pytest.mark.parametrize("name,mags", CASES, ids=[c[0] for c in CASES])
-def test_policy_operation_is_pillows(name, mags):
+def test_policy_operation_is_pillows(name, mags, bilinear):
     imgs = [np.asarray(Image.fromarray(p).convert("RGB").resize((200, 160))) for p in photographs()]
     x = torch.tensor(np.stack(imgs)).permute(0, 3, 1, 2).float()
     fill = (10.0, 20.0, 30.0)
+    mode = InterpolationMode.BILINEAR if bilinear else InterpolationMode.NEAREST
     for mag in mags:
         host = np.array([[AUGMENT_OPS.index(name), mag]] * len(imgs))
-        out = augment(x, Augment(0, fill), host)
+        out = augment(x, Augment(0, fill, bilinear), host)
         for i, im in enumerate(imgs):
-            ref = np.asarray(_apply_op(Image.fromarray(im), name, mag, interpolation=InterpolationMode.NEAREST,
-                                       fill=list(fill)))
+            ref = np.asarray(_apply_op(Image.fromarray(im), name, mag, interpolation=mode, fill=list(fill)))
             assert np.array_equal(ref, out[i].permute(1, 2, 0).numpy().astype(np.uint8)), (name, mag, i)
 
 

@@ -96,7 +96,10 @@ def _perspective_rows(src: torch.Tensor, coeffs: np.ndarray, fill: Sequence[floa
 
 @kernel(Warp)
 def _warp(x: torch.Tensor, op: Warp, batch: Batch) -> torch.Tensor:
-    return warp(x, batch.host[:, op.slot:op.slot + 6], op.fill)
+    matrices = batch.host[:, op.slot:op.slot + 6]
+    if op.bilinear:  # Pillow's generic transform: an affine one is a perspective one with g = h = 0
+        return perspective(x, np.concatenate([matrices, np.zeros((len(matrices), 2))], 1), op.fill, True)
+    return warp(x, matrices, op.fill)
 
 
 @kernel(Perspective)

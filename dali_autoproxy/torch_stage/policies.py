@@ -12,7 +12,7 @@ import torch
 from ..ir import AUGMENT_OPS, Augment
 from .color import autocontrast, blend, blend_step, equalize
 from .filters import smooth
-from .geometry import warp
+from .geometry import perspective, warp
 from ..tv_internals import rotation_matrix
 from .registry import Batch, kernel, update_rows, upload
 
@@ -58,7 +58,10 @@ def _operation(sub: torch.Tensor, key: str, rows: List[int], names: List[str], m
     h, w, dev = sub.shape[2], sub.shape[3], sub.device
     m = mags[rows]
     if key == "warp":
-        return warp(sub, [_policy_matrix(names[i], mags[i], w, h) for i in rows], op.fill)
+        matrices = [_policy_matrix(names[i], mags[i], w, h) for i in rows]
+        if op.bilinear:  # Pillow's generic transform: an affine one is a perspective one with g = h = 0
+            return perspective(sub, [m + [0.0, 0.0] for m in matrices], op.fill, True)
+        return warp(sub, matrices, op.fill)
     if key == "blend":
         which = np.array([_BLENDS[names[i]] for i in rows])
         factors = np.ones((len(rows), 3), dtype=np.float32)

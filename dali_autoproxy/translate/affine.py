@@ -1,11 +1,11 @@
-"""RandomRotation and RandomAffine (nearest neighbour, torchvision's default) and
-RandomPerspective (nearest or bilinear) on PIL images.
+"""RandomRotation and RandomAffine, RandomPerspective, each nearest or bilinear, on PIL images.
 
 The worker draws the parameters with torchvision's own code and turns them into the inverse
 matrix exactly as torchvision and Pillow do (Pillow's ``Image.rotate`` rounds cos/sin to 15
 places; torchvision's ``_get_inverse_affine_matrix`` for RandomAffine). The warp itself runs
-in the torch stage, which reproduces Pillow's 16.16 fixed-point sampling: the result is
-Pillow's, pixel for pixel. DALI's own warp samples in float and differs on ~0.2% of the pixels,
+in the torch stage, which reproduces Pillow's 16.16 fixed-point sampling (nearest) or its
+generic transform with the bilinear filter (an affine matrix is a perspective one with g = h = 0):
+the result is Pillow's, pixel for pixel. DALI's own warp samples in float and differs on ~0.2% of the pixels,
 so a warp that the torch stage cannot take (one before a resize) stays in the worker.
 
 RandomPerspective: the worker makes torchvision's draw and its own coefficients
@@ -27,13 +27,17 @@ from . import register, transform_name, v2_params
 from .geometry import as_mode
 
 
-def pil_nearest(t, state: ChainState) -> None:
+def pil_resample(t, state: ChainState, allowed=(InterpolationMode.NEAREST,)) -> InterpolationMode:
+    """The transform's interpolation, where it is one of ``allowed`` and the image is a PIL one."""
     if state.kind != "pil":
         raise Unsupported(f"{transform_name(t)} on tensors (torch's grid_sample) is not translated; "
                           "on PIL images it is")
-    if as_mode(t.interpolation) != InterpolationMode.NEAREST:
-        raise Unsupported(f"{transform_name(t)} with {as_mode(t.interpolation).value} interpolation "
-                          "(Pillow's filtered transform) is not translated; NEAREST is")
+    mode = as_mode(t.interpolation)
+    if mode not in allowed:
+        raise Unsupported(f"{transform_name(t)} with {mode.value} interpolation (Pillow's filtered transform) "
+                          f"is not translated; {' and '.join(m.value.upper() for m in allowed)} "
+                          f"{'is' if len(allowed) == 1 else 'are'}")
+    return mode
 
 
 def pil_fill(fill, channels: int) -> Tuple[float, ...]:
@@ -50,9 +54,12 @@ def pil_fill(fill, channels: int) -> Tuple[float, ...]:
     return tuple(float(int(v)) for v in values)
 
 
+WARP_MODES = (InterpolationMode.NEAREST, InterpolationMode.BILINEAR)  # Pillow's fixed-point / generic paths
+
+
 @register(T.RandomRotation, v2.RandomRotation)
 def random_rotation(t, state: ChainState, alloc) -> Step:
-    pil_nearest(t, state)
+    bilinear = pil_resample(t, state, WARP_MODES) == InterpolationMode.BILINEAR
     if t.expand:
         raise Unsupported(f"{transform_name(t)}(expand=True) changes each image's size; not translated")
     fill = pil_fill(t.fill if not isinstance(t.fill, dict) else t.fill, state.channels)
@@ -71,13 +78,13 @@ def random_rotation(t, state: ChainState, alloc) -> Step:
 
     def draw(g) -> None:
         g.params += rotation_matrix(angle_of(g), g.width, g.height, center)
-    return Step(transform_name(t), [Warp(slot, fill)], draw)
+    return Step(transform_name(t), [Warp(slot, fill, bilinear)], draw)
 
 
 @register(T.RandomAffine, v2.RandomAffine)
 def random_affine(t, state: ChainState, alloc) -> Step:
     from torchvision.transforms.functional import _get_inverse_affine_matrix
-    pil_nearest(t, state)
+    bilinear = pil_resample(t, state, WARP_MODES) == InterpolationMode.BILINEAR
     fill = pil_fill(t.fill, state.channels)
     center = t.center
     slot = alloc(6)
@@ -96,7 +103,7 @@ def random_affine(t, state: ChainState, alloc) -> Step:
         c = list(center) if center is not None else [g.width * 0.5, g.height * 0.5]
         g.params += list(_get_inverse_affine_matrix(c, float(angle), [float(v) for v in translate], float(scale),
                                                     [float(v) for v in shear]))
-    return Step(transform_name(t), [Warp(slot, fill)], draw)
+    return Step(transform_name(t), [Warp(slot, fill, bilinear)], draw)
 
 
 @register(T.RandomPerspective, v2.RandomPerspective)

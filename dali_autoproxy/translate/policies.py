@@ -11,19 +11,23 @@ from __future__ import annotations
 import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
+from torchvision.transforms import InterpolationMode
 
 from ..ir import AUGMENT_OPS, Augment, ChainState, Step, Unsupported
 from . import register, transform_name
-from .affine import pil_nearest, pil_fill
+from .affine import pil_fill, pil_resample
 
 
 def _policy_fill(t, state: ChainState):
-    pil_nearest(t, state)
+    """(fill, bilinear) of a policy on a PIL image: its geometric operations go through Pillow's
+    affine transform, nearest (16.16 fixed point) or bilinear (its generic transform), both
+    reproduced exactly in the torch stage."""
+    mode = pil_resample(t, state, (InterpolationMode.NEAREST, InterpolationMode.BILINEAR))
     fill = t.fill
     if isinstance(fill, dict):  # v2 keeps a per-type dict; PIL images get the PIL entry
         import PIL.Image
         fill = fill.get(PIL.Image.Image, fill.get("others")) if fill else None
-    return pil_fill(fill, state.channels)
+    return pil_fill(fill, state.channels), mode == InterpolationMode.BILINEAR
 
 
 def _v1_draw(space, signed_rng=True):
@@ -40,7 +44,7 @@ def _record(g, name: str, magnitude: float) -> None:
 
 @register(T.TrivialAugmentWide)
 def trivial_augment_v1(t, state: ChainState, alloc) -> Step:
-    fill = _policy_fill(t, state)
+    fill, bilinear = _policy_fill(t, state)
     slot = alloc(2)
     bins = t.num_magnitude_bins
 
@@ -51,12 +55,12 @@ def trivial_augment_v1(t, state: ChainState, alloc) -> Step:
         if signed and torch.randint(2, (1,)):
             magnitude *= -1.0
         _record(g, name, magnitude)
-    return Step(transform_name(t), [Augment(slot, fill)], draw)
+    return Step(transform_name(t), [Augment(slot, fill, bilinear)], draw)
 
 
 @register(T.RandAugment)
 def rand_augment_v1(t, state: ChainState, alloc) -> Step:
-    fill = _policy_fill(t, state)
+    fill, bilinear = _policy_fill(t, state)
     slots = [alloc(2) for _ in range(t.num_ops)]
     bins, level = t.num_magnitude_bins, t.magnitude
 
@@ -68,7 +72,7 @@ def rand_augment_v1(t, state: ChainState, alloc) -> Step:
             if signed and torch.randint(2, (1,)):
                 magnitude *= -1.0
             _record(g, name, magnitude)
-    return Step(transform_name(t), [Augment(s, fill) for s in slots], draw)
+    return Step(transform_name(t), [Augment(s, fill, bilinear) for s in slots], draw)
 
 
 def _v2_magnitude(t, name, magnitudes_fn, signed, g, pick, bins=None) -> float:
@@ -89,33 +93,33 @@ def _v2_item(space):
 
 @register(v2.TrivialAugmentWide)
 def trivial_augment_v2(t, state: ChainState, alloc) -> Step:
-    fill = _policy_fill(t, state)
+    fill, bilinear = _policy_fill(t, state)
     slot = alloc(2)
 
     def draw(g) -> None:
         name, (fn, signed) = _v2_item(t._AUGMENTATION_SPACE)
         _record(g, name, _v2_magnitude(t, name, fn, signed, g,
                                        lambda: int(torch.randint(t.num_magnitude_bins, ()))))
-    return Step(transform_name(t), [Augment(slot, fill)], draw)
+    return Step(transform_name(t), [Augment(slot, fill, bilinear)], draw)
 
 
 @register(v2.RandAugment)
 def rand_augment_v2(t, state: ChainState, alloc) -> Step:
-    fill = _policy_fill(t, state)
+    fill, bilinear = _policy_fill(t, state)
     slots = [alloc(2) for _ in range(t.num_ops)]
 
     def draw(g) -> None:
         for _ in slots:
             name, (fn, signed) = _v2_item(t._AUGMENTATION_SPACE)
             _record(g, name, _v2_magnitude(t, name, fn, signed, g, lambda: t.magnitude))
-    return Step(transform_name(t), [Augment(s, fill) for s in slots], draw)
+    return Step(transform_name(t), [Augment(s, fill, bilinear) for s in slots], draw)
 
 
 @register(T.AutoAugment)
 def auto_augment_v1(t, state: ChainState, alloc) -> Step:
     """A sub-policy per sample, each of its two operations applied with its probability
     (Identity where not): torchvision's get_params, then its loop."""
-    fill = _policy_fill(t, state)
+    fill, bilinear = _policy_fill(t, state)
     slots = [alloc(2) for _ in range(2)]
 
     def draw(g) -> None:
@@ -130,12 +134,12 @@ def auto_augment_v1(t, state: ChainState, alloc) -> Step:
                 _record(g, name, magnitude)
             else:
                 _record(g, "Identity", 0.0)
-    return Step(transform_name(t), [Augment(s, fill) for s in slots], draw)
+    return Step(transform_name(t), [Augment(s, fill, bilinear) for s in slots], draw)
 
 
 @register(v2.AutoAugment)
 def auto_augment_v2(t, state: ChainState, alloc) -> Step:
-    fill = _policy_fill(t, state)
+    fill, bilinear = _policy_fill(t, state)
     policies = t._policies
     if any(len(p) != 2 for p in policies):
         raise Unsupported(f"{transform_name(t)} with sub-policies of other than two operations")
@@ -149,7 +153,7 @@ def auto_augment_v2(t, state: ChainState, alloc) -> Step:
                 continue
             fn, signed = t._AUGMENTATION_SPACE[name]
             _record(g, name, _v2_magnitude(t, name, fn, signed, g, lambda: magnitude_idx, bins=10))
-    return Step(transform_name(t), [Augment(s, fill) for s in slots], draw)
+    return Step(transform_name(t), [Augment(s, fill, bilinear) for s in slots], draw)
 
 
 @register(T.AugMix, v2.AugMix)
