@@ -41,7 +41,6 @@ class Decision:
     device: Optional[str] = None
     plans: Dict[str, Plan] = field(default_factory=dict)  # by key: the chains found in the dataset
     chain_classes: set = field(default_factory=set)       # their types, whose calls the workers take
-    folders: int = 0                                      # plain ImageFolders: their files read as bytes
     worker_transforms: List[str] = field(default_factory=list)
     unplanned: List[str] = field(default_factory=list)    # chains found that stay in the worker, and why
     collate: Any = None                                   # the user's collate_fn, run in the main process
@@ -114,7 +113,7 @@ def decide(loader: Any, options: Options) -> Decision:
         return Decision(False, why, worker_transforms=names)
     classes = {type(chain) for _, chain in found.chains}
     collate = None if loader.collate_fn is default_collate else loader.collate_fn
-    return Decision(True, None, device, plans, classes, len(found.folders), unplanned=unplanned, collate=collate)
+    return Decision(True, None, device, plans, classes, unplanned=unplanned, collate=collate)
 
 
 def max_batch_size(loader: Any) -> Optional[int]:

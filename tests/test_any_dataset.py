@@ -9,7 +9,6 @@ import pytest
 import torch
 import torchvision
 import torchvision.transforms as T
-import torchvision.transforms.v2 as v2
 from PIL import Image, ImageFilter
 from torch.utils.data import ConcatDataset, Dataset, Subset
 

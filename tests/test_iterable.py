@@ -1,7 +1,6 @@
 """Data at scale: webdataset tar shards (an IterableDataset) and Hugging Face ``datasets``, with
 the real libraries, through real DataLoader workers and real DALI pipelines (CPU backend).
 Sharding stays the library's; nothing lost, duplicated or reordered against plain."""
-import io
 import os
 
 import pytest

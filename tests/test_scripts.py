@@ -12,7 +12,7 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
 import dali_autoproxy
-from helpers import falls_back_identically, image_folder, last_report, load_all
+from helpers import image_folder, last_report, load_all
 from test_fidelity import compare
 
 HERE = os.path.dirname(os.path.abspath(__file__))

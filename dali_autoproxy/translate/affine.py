@@ -14,8 +14,7 @@ float64 with the C's operation order (and its bilinear filter's truncation): exa
 """
 from __future__ import annotations
 
-import math
-from typing import Tuple
+from typing import List, Optional, Tuple
 
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
