@@ -28,6 +28,9 @@ def enable(*, device: Optional[str] = None, output: Optional[str] = None,
     """
     options = resolve_options(device, output, log_level)
     configure_logging(options.log_level)
+    if options.device != "cpu":  # before torchvision loads its older copy (see nvjpeg.py)
+        from .nvjpeg import preload
+        preload()
     instrumentor.instrument(options)
 
 

@@ -18,10 +18,12 @@ from PIL import Image
 from torchvision.transforms import InterpolationMode as M
 
 from .ir import (AUGMENT_OPS, PERSPECTIVE_IDENTITY, Augment, Blur, ColorJitter, Crop, Erase, Flip, Grayscale,
-                 Normalize, Perspective, PixelOp, Resize, TensorColorJitter, ToCHW, ToFloat, Warp, jitter_order)
+                 Normalize, Perspective, PixelOp, Resize, TensorAugment, TensorColorJitter, ToCHW, ToFloat, Warp,
+                 jitter_order)
 from .kernel_table import KernelTable
 from .planning import Plan
 from .torch_stage.tensor_jitter import tensor_color_jitter
+from .tv_internals import tensor_policy_operation
 
 # kernel(img, op, row, v2_step) -> img; img a PIL image or a CHW tensor; v2_step: the op comes
 # from a v2 transform, whose kernels round differently from v1's (uint8 tensor resize, blur)
@@ -137,6 +139,14 @@ def _augment(img, op: Augment, row, v2_step):  # torchvision's own policy operat
     from torchvision.transforms.autoaugment import _apply_op
     return _apply_op(img, AUGMENT_OPS[int(row[op.slot])], float(row[op.slot + 1]),
                      interpolation=M.BILINEAR if op.bilinear else M.NEAREST, fill=[float(v) for v in op.fill])
+
+
+@CPU_KERNELS.register(TensorAugment)
+def _tensor_augment(img, op: TensorAugment, row, v2_step):  # torchvision's own tensor policy operation
+    name = AUGMENT_OPS[int(row[op.slot])]
+    if name == "Identity":
+        return img
+    return tensor_policy_operation(op.api)(img, name, float(row[op.slot + 1]), op.interpolation, op.fill)
 
 
 @CPU_KERNELS.register(Grayscale)

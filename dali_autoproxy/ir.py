@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, ClassVar, List, Optional, Sequence, Tuple
+from typing import Callable, ClassVar, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -167,6 +167,18 @@ class Augment:
 
 
 @dataclass(frozen=True)
+class TensorAugment:
+    """One policy operation per sample on a tensor image, by torchvision's own tensor kernel for
+    the API (v1's ``_apply_op``, v2's ``_apply_image_or_video_transform``): AUGMENT_OPS[params[slot]]
+    with magnitude params[slot+1] in that API's units; ``fill`` as the transform hands it over."""
+    placement: ClassVar[Placement] = Placement.TORCH
+    slot: int
+    fill: Optional[Union[float, Tuple[float, ...]]]
+    interpolation: str  # "nearest" or "bilinear" (torch's grid_sample)
+    api: str
+
+
+@dataclass(frozen=True)
 class ToFloat:
     """uint8 -> float32, multiplied by ``scale`` (1/255 for ToTensor-like conversions);
     ``divide``: computed as x / (1/scale), as v1's ToTensor does (v2's ToDtype multiplies)."""
@@ -202,7 +214,7 @@ class ToCHW:
 
 Op = object  # one of the dataclasses above
 ALL_OPS: Tuple[type, ...] = (Crop, Resize, Flip, PixelOp, ColorJitter, TensorColorJitter, Grayscale, Blur, Erase,
-                             Warp, Perspective, Augment, ToFloat, Normalize, ToCHW)
+                             Warp, Perspective, Augment, TensorAugment, ToFloat, Normalize, ToCHW)
 
 
 def split_at_takeover(ops: Sequence[object]) -> Tuple[List[object], List[object]]:

@@ -2,7 +2,8 @@
 
 Fusions, because each saves a full pass over the image:
 - the first crop of an encoded input becomes a region-of-interest decode
-  (``decoders.image_slice``): only the crop is decoded, as hand-written DALI code does;
+  (``decoders.image_slice``): only the crop is decoded, as hand-written DALI code does
+  (on the GPU where its nvJPEG can upsample chroma as Pillow does there: nvjpeg.py);
 - the trailing flip / to-float / normalise / HWC->CHW run becomes one
   ``crop_mirror_normalize``.
 Everything per sample (crop boxes, sizes, flip flags) arrives through external sources.
@@ -20,15 +21,17 @@ import numpy as np
 import torch
 
 from .ir import (Augment, Blur, ChainState, ColorJitter, Crop, Erase, Flip, Grayscale, Normalize, Perspective,
-                 PixelOp, Resize, TensorColorJitter, ToCHW, ToFloat, Warp, compose_affine, split_at_takeover)
+                 PixelOp, Resize, TensorAugment, TensorColorJitter, ToCHW, ToFloat, Warp, compose_affine,
+                 split_at_takeover)
 from .kernel_table import KernelTable
+from .nvjpeg import region_decode_like_libjpeg
 from .planning import Plan
 from .torch_stage import TorchStage
 from .transport import ProxyGroup
 
 DALI_KERNELS = KernelTable("DALI lowering")
 DALI_KERNELS.not_here("exact only as torch ops; the torch stage takes over from it",
-                      ColorJitter, TensorColorJitter, Warp, Perspective, Augment)
+                      ColorJitter, TensorColorJitter, Warp, Perspective, Augment, TensorAugment)
 
 _TAIL_OPS = frozenset((Flip, ToFloat, Normalize, ToCHW))  # what one crop_mirror_normalize can finish with
 
@@ -109,18 +112,17 @@ class Lowering:
             decode_device = "mixed" if self.device == "gpu" else "cpu"
             common = dict(device=decode_device, output_type=types.RGB, adjust_orientation=False)
             first = ops[0] if ops else None
-            if type(first) is Crop and first.in_bounds:  # region-of-interest decode
+            # jpeg_fancy_upsampling: the GPU decoder upsamples chroma as libjpeg-turbo (Pillow) does.
+            # A region decode can do that at full speed only with nvJPEG 13.2+ (nvjpeg.py);
+            # elsewhere the whole image is decoded and the crop (a DALI op) follows
+            region = self.device == "cpu" or region_decode_like_libjpeg()
+            if type(first) is Crop and first.in_bounds and region:  # region-of-interest decode
                 ops.pop(0)
                 anchor = self.param(f"anchor{first.slot}", first.slot, 2, np.int32)
                 shape = self.param(f"shape{first.slot}", first.slot + 2, 2, np.int32)
-                # no libjpeg-style chroma upsampling here: in a process that imported torch and
-                # torchvision first, DALI's decoder finds an nvJPEG older than 13.2, cannot combine it
-                # with a region decode and falls back to a path 4x slower (train 25,350 -> 6,249
-                # images/s on the H200; docs/benchmarks.md, "Decoding against Pillow")
-                img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", **common)
+                img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", jpeg_fancy_upsampling=True,
+                                              **common)
             else:
-                # jpeg_fancy_upsampling: the GPU decoder upsamples chroma as libjpeg-turbo (Pillow)
-                # does, at no measured cost for a full decode
                 img = fn.decoders.image(data, jpeg_fancy_upsampling=True, **common)
         else:
             img = data.gpu() if self.device == "gpu" else data

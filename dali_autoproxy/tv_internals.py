@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 # torchvision's private tensor ColorJitter kernels, per API: the torch stage batches them
 TENSOR_JITTER_KERNELS = {
@@ -23,6 +23,28 @@ def tensor_jitter_module(api: str) -> Any:
     for name in names:
         getattr(module, name)
     return module
+
+
+def tensor_policy_operation(api: str) -> Callable[..., Any]:
+    """torchvision's own policy operation on tensors for ``api`` ("v1"/"v2"), as
+    ``run(image, name, magnitude, interpolation, fill)``: v1's ``autoaugment._apply_op`` (fill a
+    list of floats or None) or v2's ``_AutoAugmentBase._apply_image_or_video_transform`` (fill as
+    v2 resolves it for the image's type). AttributeError now if torchvision renamed them."""
+    from torchvision.transforms import InterpolationMode
+    if api == "v1":
+        from torchvision.transforms.autoaugment import _apply_op
+
+        def run(image, name, magnitude, interpolation, fill):
+            return _apply_op(image, name, magnitude, InterpolationMode(interpolation),
+                             None if fill is None else list(fill))
+        return run
+    from torchvision.transforms.v2 import TrivialAugmentWide
+    apply = TrivialAugmentWide()._apply_image_or_video_transform  # uses no state of the instance
+
+    def run(image, name, magnitude, interpolation, fill):
+        fill = list(fill) if isinstance(fill, tuple) else fill
+        return apply(image, name, magnitude, interpolation=InterpolationMode(interpolation), fill={"others": fill})
+    return run
 
 
 def rotation_matrix(angle: float, width: int, height: int, center: Optional[Sequence[float]]) -> List[float]:

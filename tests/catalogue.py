@@ -163,6 +163,17 @@ CASES: List[Case] = [
          "exact"),
     Case("AutoAugment imagenet bilinear",
          lambda m: [_crop(m), m.AutoAugment(interpolation=T.InterpolationMode.BILINEAR)], "exact", batch=8),
+    Case("RandAugment on a uint8 tensor (torchvision's tensor kernels)", lambda m: [
+        m.PILToTensor(), m.CenterCrop(200), m.RandAugment()], "exact", output="own", batch=8),
+    Case("TrivialAugmentWide bilinear on a uint8 tensor", lambda m: [
+        m.PILToTensor(), m.CenterCrop(200), m.TrivialAugmentWide(interpolation=I.BILINEAR, fill=[9, 99, 199])],
+        "exact", output="own", batch=8),
+    Case("AutoAugment on a uint8 tensor", lambda m: [m.PILToTensor(), m.CenterCrop(200), m.AutoAugment()], "exact",
+         output="own", batch=8),
+    Case("v2 recipe: ToImage, RandomResizedCrop, flip, TrivialAugmentWide, ToDtype, RandomErasing",
+         lambda m: [v2.ToImage(), v2.RandomResizedCrop(176, antialias=True), v2.RandomHorizontalFlip(),
+                    v2.TrivialAugmentWide(interpolation=I.BILINEAR), v2.ToDtype(torch.float32, scale=True),
+                    v2.RandomErasing(0.25)], "bound", apis=("v2",), output="own", batch=8),
     Case("TrivialAugmentWide before a crop", lambda m: [m.TrivialAugmentWide(), m.CenterCrop(160)], "worker",
          output="float"),
     Case("AugMix", lambda m: [_crop(m), m.AugMix()], "worker", output="float"),
