@@ -9,6 +9,18 @@ Shapes (same JPEG corpus; the train chain RandomResizedCrop 224, flip, ToTensor,
   two_view      ImageFolder with a wrapper returning [chain(x), chain(x)] (MoCo, SimCLR, BYOL)
   timm          timm's create_dataset + create_loader(use_prefetcher=False) with its own train
                 transforms (timm's RandomResizedCropAndInterpolation, flip, ToTensor, Normalize)
+Recipes (their own chains and loaders):
+  mixup         ImageFolder + the train chain, a collate_fn as torchvision's classification references
+                build it: default_collate, then v2.RandomChoice([MixUp(alpha=0.2), CutMix(alpha=1.0)])
+  webdataset    tar shards of the corpus: WebDataset(urls).decode("pil").to_tuple("jpg", "cls")
+                .map_tuple(train chain, identity), an IterableDataset split by worker
+  timm_prefetch timm's create_loader(use_prefetcher=True) (its training script's default): uint8
+                batches by fast_collate, normalised on the GPU by its PrefetchLoader
+  randaug_v2    the v2 recipe on tensors: ToImage, RandomResizedCrop 224, flip, RandAugment,
+                ToDtype(float32, scale=True), Normalize
+  ta_wide       the references' ClassificationPresetTrain with --auto-augment ta_wide: RandomResizedCrop
+                176, flip, TrivialAugmentWide(BILINEAR), PILToTensor, ConvertImageDtype, Normalize,
+                RandomErasing(0.1), on PIL images
 
 Images counts a two-view sample once per view. Every batch is moved to the GPU when there is one.
 
@@ -35,11 +47,60 @@ from corpus import make_corpus  # noqa: E402
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
 SHAPES = ("imagefolder", "path", "dict", "bytes", "two_view", "timm")
+RECIPES = ("mixup", "webdataset", "timm_prefetch", "randaug_v2", "ta_wide")
+SHARDS = 16
 
 
 def train_chain():
     import torchvision.transforms as T
     return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+def randaug_v2_chain():
+    import torchvision.transforms.v2 as v2
+    return v2.Compose([v2.ToImage(), v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(),
+                       v2.RandAugment(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+
+
+def ta_wide_chain():
+    import torchvision.transforms as T
+    bilinear = T.InterpolationMode.BILINEAR
+    return T.Compose([T.RandomResizedCrop(176, interpolation=bilinear, antialias=True), T.RandomHorizontalFlip(),
+                      T.TrivialAugmentWide(interpolation=bilinear), T.PILToTensor(),
+                      T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD), T.RandomErasing(0.1)])
+
+
+class MixUpCutMix:
+    """The references' collate: default_collate, then one of MixUp / CutMix per batch."""
+    def __init__(self, classes):
+        import torchvision.transforms.v2 as v2
+        self.mix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=classes), v2.CutMix(alpha=1.0, num_classes=classes)])
+
+    def __call__(self, batch):
+        return self.mix(*torch.utils.data.default_collate(batch))
+
+
+def identity(x):
+    return x
+
+
+def make_shards(root) -> list:
+    """The corpus as SHARDS webdataset tar shards beside it (made once)."""
+    import torchvision
+    import webdataset as wds
+    samples = torchvision.datasets.ImageFolder(root).samples
+    folder = root.rstrip("/") + f"_wds{SHARDS}"
+    urls = [os.path.join(folder, f"shard-{k:03d}.tar") for k in range(SHARDS)]
+    if not all(os.path.exists(u) for u in urls):
+        os.makedirs(folder, exist_ok=True)
+        for k, url in enumerate(urls):
+            with wds.TarWriter(url + ".tmp") as sink:
+                for i in range(k, len(samples), SHARDS):
+                    path, label = samples[i]
+                    with open(path, "rb") as f:
+                        sink.write({"__key__": f"s{i:07d}", "jpg": f.read(), "cls": label})
+            os.replace(url + ".tmp", url)
+    return urls
 
 
 class PathDataset(torch.utils.data.Dataset):
@@ -81,11 +142,24 @@ class TwoViews:
 def make_loader(shape, root, workers, batch):
     import torchvision
     kw = dict(batch_size=batch, shuffle=True, num_workers=workers, pin_memory=torch.cuda.is_available())
-    if shape == "timm":
+    if shape in ("timm", "timm_prefetch"):
         from timm.data import create_dataset, create_loader
         ds = create_dataset("", root=root, split="")
-        return create_loader(ds, input_size=(3, 224, 224), batch_size=batch, is_training=True, use_prefetcher=False,
+        prefetch = shape == "timm_prefetch" and torch.cuda.is_available()  # its PrefetchLoader needs a GPU
+        return create_loader(ds, input_size=(3, 224, 224), batch_size=batch, is_training=True, use_prefetcher=prefetch,
                              num_workers=workers, pin_memory=torch.cuda.is_available(), persistent_workers=False)
+    if shape == "webdataset":
+        import webdataset as wds
+        ds = wds.WebDataset(make_shards(root), shardshuffle=False).decode("pil").to_tuple("jpg", "cls") \
+            .map_tuple(train_chain(), identity)
+        kw.pop("shuffle")
+        return torch.utils.data.DataLoader(ds, **kw)
+    if shape in ("mixup", "randaug_v2", "ta_wide"):
+        tf = {"mixup": train_chain, "randaug_v2": randaug_v2_chain, "ta_wide": ta_wide_chain}[shape]()
+        ds = torchvision.datasets.ImageFolder(root, transform=tf)
+        if shape == "mixup":
+            kw["collate_fn"] = MixUpCutMix(len(ds.classes))
+        return torch.utils.data.DataLoader(ds, **kw)
     if shape in ("imagefolder", "two_view"):
         tf = train_chain() if shape == "imagefolder" else TwoViews(train_chain())
         return torch.utils.data.DataLoader(torchvision.datasets.ImageFolder(root, transform=tf), **kw)
@@ -141,10 +215,10 @@ def summarize(results) -> str:
             continue
         tv, ref = by.get((shape, "torchvision", w)), by.get(("imagefolder", "autoproxy", w))
         spread = f" ({r['min_images_per_s']:,.0f}-{r['max_images_per_s']:,.0f})" if r["runs"] > 1 else ""
-        lines.append(f"| {shape} | {w} | {tv['images_per_s']:,.0f} | {r['images_per_s']:,.0f}{spread} | "
-                     f"{r['images_per_s'] / tv['images_per_s']:.2f}x | "
-                     f"{r['images_per_s'] / ref['images_per_s']:.2f}x | {r['decode']} |" if tv and ref else
-                     f"| {shape} | {w} | - | {r['images_per_s']:,.0f} | - | - | {r['decode']} |")
+        vs_tv = f"{r['images_per_s'] / tv['images_per_s']:.2f}x" if tv else "-"
+        vs_ref = f"{r['images_per_s'] / ref['images_per_s']:.2f}x" if ref else "-"
+        lines.append(f"| {shape} | {w} | {tv['images_per_s'] if tv else 0:,.0f} | {r['images_per_s']:,.0f}{spread} | "
+                     f"{vs_tv} | {vs_ref} | {r['decode']} |")
     return "\n".join(lines)
 
 
@@ -154,7 +228,8 @@ def main(argv=None):
     ap.add_argument("--images", type=int, default=8192)
     ap.add_argument("--workers", type=int, nargs="+", default=[8])
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES + RECIPES,
+                    help=f"default: the dataset shapes; the recipes: {' '.join(RECIPES)}")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode, interleaved; the median is reported")
     ap.add_argument("--tv-repeat", type=int, default=1, help="runs of the (slow) torchvision mode")

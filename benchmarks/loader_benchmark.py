@@ -251,6 +251,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "data", "corpus"))
     ap.add_argument("--images", type=int, default=8192)
+    ap.add_argument("--large", action="store_true", help="a corpus of camera-sized photos (decode-bound)")
     ap.add_argument("--workers", type=int, nargs="+", default=[4, 8, 15])
     ap.add_argument("--batch", type=int, nargs="+", default=[128])
     ap.add_argument("--pipelines", nargs="+", default=["train", "eval"], choices=PIPELINES)
@@ -268,7 +269,7 @@ def main(argv=None):
 
     from dali_autoproxy.pipeline import default_num_threads
     threads = default_num_threads(a.device)
-    corpus = make_corpus(a.data, a.images)
+    corpus = make_corpus(a.data, a.images, large=a.large)
     env = {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
            "dali_device": a.device, "dali_threads": threads}
