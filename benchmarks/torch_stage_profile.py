@@ -12,6 +12,7 @@ import time
 import numpy as np
 import torch
 import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
 
 from dali_autoproxy.planning import build_plan
 from dali_autoproxy.ir import split_at_takeover as split
@@ -37,12 +38,14 @@ CHAINS = {
                            T.Normalize(MEAN, STD), T.RandomErasing()],
     "trivialaugment": lambda size: [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
                                     T.ToTensor(), T.Normalize(MEAN, STD)],
+    "randaug_v2": lambda size: [v2.ToImage(), v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(),
+                                v2.RandAugment(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)],
 }
 
 
 def profile(chain: str, a) -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    plan = build_plan(T.Compose(CHAINS[chain](a.size)))
+    plan = build_plan((v2 if chain.endswith('_v2') else T).Compose(CHAINS[chain](a.size)))
     _, ops = split(plan.ops)
     torch.manual_seed(0)
     params = np.array([plan.draw(400, 500) for _ in range(a.batch)])

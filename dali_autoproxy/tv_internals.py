@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 # torchvision's private tensor ColorJitter kernels, per API: the torch stage batches them
 TENSOR_JITTER_KERNELS = {
@@ -45,6 +45,14 @@ def tensor_policy_operation(api: str) -> Callable[..., Any]:
         fill = list(fill) if isinstance(fill, tuple) else fill
         return apply(image, name, magnitude, interpolation=InterpolationMode(interpolation), fill={"others": fill})
     return run
+
+
+def v2_grid_functions() -> Tuple[Callable[..., Any], Callable[..., Any]]:
+    """(v2's ``_affine_grid``, torchvision's ``_get_inverse_affine_matrix``): how v2's affine and
+    rotate kernels build their sampling grid on tensors."""
+    from torchvision.transforms.functional import _get_inverse_affine_matrix
+    from torchvision.transforms.v2.functional._geometry import _affine_grid
+    return _affine_grid, _get_inverse_affine_matrix
 
 
 def rotation_matrix(angle: float, width: int, height: int, center: Optional[Sequence[float]]) -> List[float]:

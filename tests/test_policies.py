@@ -79,3 +79,44 @@ def test_batched_tensor_color_jitter_equals_torchvision_per_image(api, dtype):
             assert torch.equal(out[i].to(torch.uint8), ref), i
         else:
             assert (out[i] - ref).abs().max() <= 1e-6, i
+
+
+TENSOR_CASES = [("ShearX", [0.3, -0.5, 0.0]), ("ShearY", [0.2, -0.99]), ("TranslateX", [12.7, -20.0]),
+                ("TranslateY", [5.0, -31.0]), ("Rotate", [30.0, -77.0, 90.0, 180.0, 0.0]), ("Brightness", [0.5, -0.3]),
+                ("Color", [0.4, -0.99]), ("Contrast", [-0.6, 0.9]), ("Sharpness", [0.9, -0.5]),
+                ("Posterize", [3.0, 8.0, 0.0]), ("Solarize", [0.4, 0.0, 1.0]), ("AutoContrast", [0.0]),
+                ("Equalize", [0.0]), ("Invert", [0.0]), ("Identity", [0.0])]
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("api", ["v1", "v2"])
+@pytest.mark.parametrize("interpolation,fill", [("nearest", None), ("bilinear", (10.0, 200.0, 30.0))])
+def test_tensor_policy_operations_equal_torchvision_per_image(device, api, interpolation, fill):
+    """Policies on uint8 tensors (the v2 recipe): one batch holding every operation at several
+    magnitudes (v2's units: Solarize a fraction), run by the stage's batched kernel, against
+    torchvision's own policy operation called image by image on the same device. Square
+    images, so that rotations by 90 degrees take torchvision's fast path: every value equal."""
+    import torchvision.transforms.v2 as v2
+    from torchvision.transforms.autoaugment import _apply_op
+    from dali_autoproxy.ir import TensorAugment
+    from dali_autoproxy.torch_stage.tensor_policies import tensor_augment
+    photos = [np.asarray(Image.fromarray(p).convert("RGB").resize((120, 120))) for p in photographs()]
+    rows, imgs = [], []
+    for k, (name, mags) in enumerate(TENSOR_CASES):
+        for j, mag in enumerate(mags):
+            if api == "v1" and name == "Solarize":
+                mag *= 255.0  # v1 draws levels
+            rows.append([AUGMENT_OPS.index(name), mag])
+            imgs.append(photos[(k + j) % len(photos)])
+    u8 = torch.tensor(np.stack(imgs)).permute(0, 3, 1, 2).to(device)
+    out = tensor_augment(u8.float(), TensorAugment(0, fill, interpolation, api), np.array(rows), True)
+    mode = InterpolationMode(interpolation)
+    apply = v2.RandAugment()._apply_image_or_video_transform
+    for i, (code, mag) in enumerate(rows):
+        name = AUGMENT_OPS[int(code)]
+        if api == "v2":
+            ref = apply(u8[i], name, mag, interpolation=mode, fill={"others": None if fill is None else list(fill)})
+        else:
+            ref = _apply_op(u8[i], name, mag, interpolation=mode, fill=None if fill is None else list(fill))
+        assert torch.equal(out[i].to(torch.uint8), ref), (name, mag)

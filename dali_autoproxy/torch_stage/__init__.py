@@ -20,7 +20,7 @@ from typing import List, Sequence, Union
 import numpy as np
 import torch
 
-from . import color, filters, geometry, policies, tensor, tensor_jitter  # noqa: F401  (register kernels)
+from . import color, filters, geometry, policies, tensor, tensor_jitter, tensor_policies  # noqa: F401  (kernels)
 from .color import hue_tables
 from .geometry import perspective, warp
 from .policies import augment

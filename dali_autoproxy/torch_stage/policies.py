@@ -9,11 +9,11 @@ from typing import List
 import numpy as np
 import torch
 
-from ..ir import AUGMENT_OPS, Augment, TensorAugment
+from ..ir import AUGMENT_OPS, Augment
 from .color import autocontrast, blend, blend_step, equalize
 from .filters import smooth
 from .geometry import perspective, warp
-from ..tv_internals import rotation_matrix, tensor_policy_operation
+from ..tv_internals import rotation_matrix
 from .registry import Batch, kernel, update_rows, upload
 
 
@@ -86,23 +86,3 @@ def _operation(sub: torch.Tensor, key: str, rows: List[int], names: List[str], m
 def _augment(x: torch.Tensor, op: Augment, batch: Batch) -> torch.Tensor:
     return augment(x, op, batch.host)
 
-
-def tensor_augment(x: torch.Tensor, op: TensorAugment, host, integer: bool) -> torch.Tensor:
-    """One policy operation per sample on tensor images: torchvision's own tensor kernel, run on
-    each group of samples that drew the same operation and magnitude (its kernels work per image
-    over a batch). RandAugment draws few distinct magnitudes, so its groups are few."""
-    run = tensor_policy_operation(op.api)
-    groups: dict = {}
-    for i, (code, magnitude) in enumerate(host[:, op.slot:op.slot + 2]):
-        name = AUGMENT_OPS[int(code)]
-        if name != "Identity":
-            groups.setdefault((name, float(magnitude)), []).append(i)
-    for (name, magnitude), rows in groups.items():
-        x = update_rows(x, rows, lambda sub, _, name=name, magnitude=magnitude:
-                        run(sub.to(torch.uint8) if integer else sub, name, magnitude, op.interpolation, op.fill))
-    return x
-
-
-@kernel(TensorAugment)
-def _tensor_augment(x: torch.Tensor, op: TensorAugment, batch: Batch) -> torch.Tensor:
-    return tensor_augment(x, op, batch.host, batch.integer)

@@ -16,7 +16,7 @@ import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
 from ..ir import AUGMENT_OPS, Augment, ChainState, Step, TensorAugment, Unsupported
-from ..tv_internals import tensor_policy_operation
+from ..tv_internals import tensor_policy_operation, v2_grid_functions
 from . import register, transform_name
 from .affine import pil_fill, pil_resample
 from .geometry import as_mode
@@ -64,6 +64,7 @@ def _policy_ops(t, state: ChainState, slots):
     api = "v2" if isinstance(t, v2.Transform) else "v1"
     try:
         tensor_policy_operation(api)
+        v2_grid_functions()
     except (ImportError, AttributeError) as exc:  # torchvision moved its private kernels
         raise Unsupported(f"{transform_name(t)} on tensors needs torchvision's policy kernels, "
                           f"not found in this torchvision ({exc})") from None
