@@ -10,7 +10,10 @@ arrives (the same for torchvision and autoproxy). With 2 ranks each epoch has ha
 so a small corpus charges that wait twice as often per image and understates scaling; the
 default corpus keeps it small, and the JSON records the mean time to the first batch.
 
-    python benchmarks/distributed_benchmark.py --images 32768 --workers 8 --ranks 1 2 \\
+Runs are noisy: ``--repeat N`` runs every (ranks, mode) N times, interleaved, and reports the
+median with its min-max; scaling is the median of two ranks over the median of one.
+
+    python benchmarks/distributed_benchmark.py --images 32768 --workers 8 --ranks 1 2 --repeat 3 \\
         --out benchmarks/results/distributed_h200x2.json
 """
 from __future__ import annotations
@@ -70,6 +73,53 @@ def rank_main(a) -> None:
     dist.destroy_process_group()
 
 
+def run_once(a, ranks: int, mode: str) -> dict:
+    result = f"/tmp/dist_bench_{os.getpid()}_{ranks}_{mode}.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+           f"--master_port={29600 + ranks}", os.path.abspath(__file__), "--rank-run", "--mode", mode,
+           "--result", result, "--data", a.data, "--workers", str(a.workers), "--batch", str(a.batch),
+           "--epochs", str(a.epochs)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        print(res.stderr[-3000:], flush=True)
+        return {"ranks": ranks, "mode": mode, "error": res.stderr[-500:]}
+    with open(result) as f:
+        return {"ranks": ranks, "mode": mode, "workers_per_rank": a.workers, **json.load(f)}
+
+
+def summarize(rows, a) -> str:
+    """Median images/s per (ranks, mode) with min-max; a mode not run (or failed) shows "-"."""
+    import statistics
+    runs: dict = {}
+    for r in rows:
+        if "images_per_s" in r:
+            runs.setdefault((r["ranks"], r["mode"]), []).append(r)
+    med = {k: statistics.median(x["images_per_s"] for x in v) for k, v in runs.items()}
+
+    def cell(key) -> str:
+        if key not in runs:
+            return "-"
+        rates = sorted(x["images_per_s"] for x in runs[key])
+        return f"{med[key]:,.0f}" + (f" ({rates[0]:,.0f}-{rates[-1]:,.0f})" if len(rates) > 1 else "")
+
+    def ratio(num, den) -> str:
+        return f"{med[num] / med[den]:.2f}x" if num in med and den in med else "-"
+
+    def first_ms(key) -> str:
+        return f"{statistics.median(x['first_batch_s'] for x in runs[key]) * 1e3:.0f}" if key in runs else "-"
+    lines = ["| ranks (GPUs) | workers per rank | runs | torchvision img/s (min-max) | autoproxy img/s (min-max) | "
+             "autoproxy / torchvision | scaling vs 1 rank (tv / autoproxy) | first batch ms (tv / autoproxy) |",
+             "|---|---|---|---|---|---|---|---|"]
+    base = a.ranks[0]
+    for ranks in a.ranks:
+        tv, ap_ = (ranks, "torchvision"), (ranks, "autoproxy")
+        n = max(len(runs.get(tv, [])), len(runs.get(ap_, [])))
+        lines.append(f"| {ranks} | {a.workers} | {n} | {cell(tv)} | {cell(ap_)} | {ratio(ap_, tv)} | "
+                     f"{ratio(tv, (base, 'torchvision'))} / {ratio(ap_, (base, 'autoproxy'))} | "
+                     f"{first_ms(tv)} / {first_ms(ap_)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=os.path.join(HERE, "data", "corpus"))
@@ -79,6 +129,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs (after one warm-up epoch)")
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy"])
+    ap.add_argument("--repeat", type=int, default=1, help="runs per (ranks, mode), interleaved; medians reported")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rank-run", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -90,35 +141,13 @@ def main() -> None:
     from corpus import make_corpus
     corpus = make_corpus(a.data, a.images)
     rows = []
-    for ranks in a.ranks:
-        for mode in a.modes:
-            result = f"/tmp/dist_bench_{os.getpid()}_{ranks}_{mode}.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-                   f"--master_port={29600 + ranks}", os.path.abspath(__file__), "--rank-run", "--mode", mode,
-                   "--result", result, "--data", a.data, "--workers", str(a.workers), "--batch", str(a.batch),
-                   "--epochs", str(a.epochs)]
-            res = subprocess.run(cmd, capture_output=True, text=True)
-            if res.returncode != 0:
-                print(res.stderr[-3000:], flush=True)
-                rows.append({"ranks": ranks, "mode": mode, "error": res.stderr[-500:]})
-                continue
-            with open(result) as f:
-                row = {"ranks": ranks, "mode": mode, "workers_per_rank": a.workers, **json.load(f)}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    by = {(r["ranks"], r["mode"]): r.get("images_per_s") for r in rows}
-    first = {(r["ranks"], r["mode"]): r.get("first_batch_s") or 0 for r in rows}
-    lines = ["| ranks (GPUs) | workers per rank | torchvision img/s | autoproxy img/s | autoproxy / torchvision |"
-             " scaling vs 1 rank (tv / autoproxy) | first batch ms (tv / autoproxy) |",
-             "|---|---|---|---|---|---|---|"]
-    for ranks in a.ranks:
-        tv, ap_ = by.get((ranks, "torchvision")), by.get((ranks, "autoproxy"))
-        one_tv, one = by.get((a.ranks[0], "torchvision")), by.get((a.ranks[0], "autoproxy"))
-        lines.append(f"| {ranks} | {a.workers} | {tv or 0:,.0f} | {ap_ or 0:,.0f} | "
-                     f"{(ap_ / tv) if tv and ap_ else 0:.2f}x | {(tv / one_tv) if one_tv and tv else 0:.2f}x / "
-                     f"{(ap_ / one) if one and ap_ else 0:.2f}x | {first.get((ranks, 'torchvision'), 0) * 1e3:.0f} / "
-                     f"{first.get((ranks, 'autoproxy'), 0) * 1e3:.0f} |")
-    table = "\n".join(lines)
+    for rep in range(a.repeat):
+        for ranks in a.ranks:
+            for mode in a.modes:
+                row = run_once(a, ranks, mode)
+                rows.append(dict(row, repeat=rep))
+                print(json.dumps(rows[-1]), flush=True)
+    table = summarize(rows, a)
     print(table, flush=True)
     if a.out:
         with open(a.out, "w") as f:
