@@ -100,6 +100,7 @@ def main(argv=None) -> None:
     ap.add_argument("--arch", nargs="+", default=["resnet18", "resnet50"])
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--modes", nargs="+", default=["plain", "autoproxy"], choices=["plain", "autoproxy"])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=None)
@@ -116,8 +117,8 @@ def main(argv=None) -> None:
     rows = []
     for rep in range(a.repeat):
         for arch in a.arch:
-            for mode in ("plain", "autoproxy"):
-                rows.append(run(a.main, a.data, arch, mode, a))
+            for mode in a.modes:
+                rows.append(run(os.path.abspath(a.main), os.path.abspath(a.data), arch, mode, a))
                 print(json.dumps(rows[-1]), flush=True)
     table = summarize(rows)
     print(table, flush=True)

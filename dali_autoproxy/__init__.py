@@ -18,15 +18,17 @@ __all__ = ["enable", "disable", "register_equivalent", "is_enabled", "report", "
 
 
 def enable(*, device: Optional[str] = None, output: Optional[str] = None,
-           log_level: Optional[str] = None) -> None:
+           log_level: Optional[str] = None, fidelity: Optional[str] = None) -> None:
     """Patch torch's DataLoader so recognised torchvision transforms run in DALI.
 
     device: "auto" (GPU when CUDA and DALI are usable, else plain torchvision), "gpu", or
     "cpu" (DALI's CPU backend). output: "auto" (where DALI ran) or "cpu". log_level: a
-    logging level name. Each falls back to DALI_AUTOPROXY_DEVICE / _OUTPUT / _LOG.
-    Calling it again only updates the options.
+    logging level name. fidelity: "exact" (torchvision's arithmetic) or "fast" (ColorJitter
+    by DALI's own colour operator, with torchvision's draws: faster, approximate; its PSNR is
+    in docs/benchmarks.md). Each falls back to DALI_AUTOPROXY_DEVICE / _OUTPUT / _LOG /
+    _FIDELITY. Calling it again only updates the options.
     """
-    options = resolve_options(device, output, log_level)
+    options = resolve_options(device, output, log_level, fidelity)
     configure_logging(options.log_level)
     if options.device != "cpu":  # before torchvision loads its older copy (see nvjpeg.py)
         from .nvjpeg import preload

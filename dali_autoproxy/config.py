@@ -13,6 +13,7 @@ from typing import Mapping, Optional
 
 DEVICES = ("auto", "gpu", "cpu")
 OUTPUTS = ("auto", "cpu")
+FIDELITIES = ("exact", "fast")
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
 ENABLE_VALUES_ON = ("1", "true", "yes", "on")
 ENABLE_VALUES_OFF = ("", "0", "false", "no", "off")
@@ -21,6 +22,7 @@ ENV_ENABLE = "DALI_AUTOPROXY"
 ENV_DEVICE = "DALI_AUTOPROXY_DEVICE"
 ENV_OUTPUT = "DALI_AUTOPROXY_OUTPUT"
 ENV_LOG = "DALI_AUTOPROXY_LOG"
+ENV_FIDELITY = "DALI_AUTOPROXY_FIDELITY"
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class Options:
     device: str = "auto"
     output: str = "auto"
     log_level: str = "INFO"
+    fidelity: str = "exact"
 
 
 def _pick(name: str, value: Optional[str], env_name: str, accepted: tuple, environ: Mapping[str, str],
@@ -49,7 +52,7 @@ def _pick(name: str, value: Optional[str], env_name: str, accepted: tuple, envir
 
 
 def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
-                    log_level: Optional[str] = None,
+                    log_level: Optional[str] = None, fidelity: Optional[str] = None,
                     environ: Optional[Mapping[str, str]] = None) -> Options:
     """Merge keyword arguments over environment variables and validate both."""
     env = os.environ if environ is None else environ
@@ -57,6 +60,7 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
         device=_pick("device", device, ENV_DEVICE, DEVICES, env, "auto"),
         output=_pick("output", output, ENV_OUTPUT, OUTPUTS, env, "auto"),
         log_level=_pick("log_level", log_level, ENV_LOG, LOG_LEVELS, env, "INFO", upper=True),
+        fidelity=_pick("fidelity", fidelity, ENV_FIDELITY, FIDELITIES, env, "exact"),
     )
 
 

@@ -17,9 +17,9 @@ import torchvision.transforms.v2.functional as F2
 from PIL import Image
 from torchvision.transforms import InterpolationMode as M
 
-from .ir import (AUGMENT_OPS, PERSPECTIVE_IDENTITY, Augment, Blur, ColorJitter, Crop, Erase, Flip, Grayscale,
-                 Normalize, Perspective, PixelOp, Resize, TensorAugment, TensorColorJitter, ToCHW, ToFloat, Warp,
-                 jitter_order)
+from .ir import (AUGMENT_OPS, PERSPECTIVE_IDENTITY, Augment, Blur, ColorJitter, Crop, Erase, FastColorJitter, Flip,
+                 Grayscale, Normalize, Perspective, PixelOp, Resize, TensorAugment, TensorColorJitter, ToCHW, ToFloat,
+                 Warp, jitter_order)
 from .kernel_table import KernelTable
 from .planning import Plan
 from .torch_stage.tensor_jitter import tensor_color_jitter
@@ -109,6 +109,19 @@ def _color_jitter(img, op: ColorJitter, row, v2_step):
             shift = int(row[op.slot + 7])
             k = shift - 256 if shift > 127 else shift
             img = F.adjust_hue(img, (k + (0.5 if k >= 0 else -0.5)) / 255)
+    return img
+
+
+@CPU_KERNELS.register(FastColorJitter)
+def _fast_color_jitter(img, op: FastColorJitter, row, v2_step):
+    """A failed batch is recomputed exactly: torchvision's adjustments in the drawn order."""
+    for k in range(4):
+        base = op.slot + 4 * k
+        for which, adjust in enumerate((F.adjust_brightness, F.adjust_contrast, F.adjust_saturation)):
+            if row[base + which] != 1.0:
+                img = adjust(img, float(row[base + which]))
+        if row[base + 3]:
+            img = F.adjust_hue(img, float(row[base + 3]))
     return img
 
 

@@ -34,3 +34,4 @@ def grayscale(img, channels: int, apply=None):
         gray = apply * gray + (apply == 0) * img
     return fn.cast(gray, dtype=types.UINT8)
 
+

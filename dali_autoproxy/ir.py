@@ -76,6 +76,17 @@ class ColorJitter:
     enabled: Tuple[bool, bool, bool, bool]
 
 
+@dataclass(frozen=True)
+class FastColorJitter:
+    """ColorJitter by DALI's fused ``color_twist`` (the ``fidelity="fast"`` opt-in), torchvision's
+    draw, in each sample's order: four passes, pass k with the factors params[slot+4k:slot+4k+4]
+    (brightness, contrast, saturation, hue in turns), all neutral but the one drawn k-th.
+    Approximate: DALI's contrast pivots on mid-grey (Pillow's on the image's mean luma) and its
+    hue is a linear rotation (Pillow's an HSV shift); PSNR per adjustment in docs/benchmarks.md."""
+    placement: ClassVar[Placement] = Placement.DALI
+    slot: int
+
+
 JITTER_SKIP = 4  # an order entry RandomApply writes when it skips the whole ColorJitter
 
 
@@ -213,7 +224,7 @@ class ToCHW:
 
 
 Op = object  # one of the dataclasses above
-ALL_OPS: Tuple[type, ...] = (Crop, Resize, Flip, PixelOp, ColorJitter, TensorColorJitter, Grayscale, Blur, Erase,
+ALL_OPS: Tuple[type, ...] = (Crop, Resize, Flip, PixelOp, ColorJitter, FastColorJitter, TensorColorJitter, Grayscale, Blur, Erase,
                              Warp, Perspective, Augment, TensorAugment, ToFloat, Normalize, ToCHW)
 
 
@@ -239,6 +250,7 @@ class ChainState:
     dtype: str = "uint8"     # "uint8" or "float32"
     channels: int = 3
     fixed_size: Optional[Tuple[int, int]] = None  # output size when it is the same for all
+    fidelity: str = "exact"  # "fast": approximate DALI operators where they are much faster (ColorJitter)
 
 
 class SampleGeometry:

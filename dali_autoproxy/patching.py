@@ -43,6 +43,8 @@ class Instrumentor:
         with self._lock:
             self.options = options  # a second enable() only updates the options
             self.proxy, self.recorder = proxy, recorder
+            from .planning import FIDELITY
+            FIDELITY["value"] = options.fidelity
             if not self._hook_registered:
                 wrapt.register_post_import_hook(self._patch_dataloader, _DATALOADER_MODULE)
                 self._hook_registered = True
@@ -61,6 +63,8 @@ class Instrumentor:
                     setattr(owner, name, original)
             self._patched.clear()
             self.options = None
+            from .planning import FIDELITY
+            FIDELITY["value"] = "exact"
             self.proxy, self.recorder = True, None
 
     def wrap(self, owner: Any, name: str, wrapper: Callable) -> None:

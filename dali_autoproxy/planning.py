@@ -187,7 +187,7 @@ def _looks_like_dataset(obj: Any) -> bool:
 
 
 def _translate(transforms: List[Any]) -> Plan:
-    state = ChainState()
+    state = ChainState(fidelity=FIDELITY["value"])
     counter = [0]
 
     def alloc(n: int) -> int:
@@ -221,6 +221,9 @@ def _ends_as_pil(prefix: List[Any]) -> bool:
         except Unsupported:
             pass
     return state.kind == "pil"
+
+
+FIDELITY = {"value": "exact"}  # enable(fidelity=...): set in the main process, inherited by forked workers
 
 
 def build_plan(transform: Any) -> Plan:

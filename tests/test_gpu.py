@@ -227,3 +227,17 @@ def test_gpu_own_datasets_decode_on_the_gpu(photo_root, shape):
         assert all(pick(b)[0].is_cuda for b in out)
         compare([pick(b) for b in ref], [(pick(b)[0].cpu(), pick(b)[1]) for b in out], mae_max=GPU_MAE,
                 psnr_min=GPU_PSNR)
+
+
+# ---------------------------------------------------------------- fidelity="fast" on the GPU
+@pytest.mark.parametrize("name", ["brightness", "contrast", "saturation", "hue"])
+def test_gpu_fast_color_jitter_within_its_published_bound(photo_root, name):
+    """GPU twin of test_fast_fidelity.py: DALI's colour operator with torchvision's draws; the
+    GPU decode's own difference is allowed on top (3 dB)."""
+    import torchvision.transforms as T
+    from photos import psnr
+    from test_fast_fidelity import BOUNDS, fast_against_torchvision
+    factor, floor = BOUNDS[name]
+    a, b = fast_against_torchvision(photo_root, T.Compose([T.CenterCrop(200), T.ColorJitter(**factor),
+                                                           T.PILToTensor()]), device="gpu")
+    assert psnr(a, b) >= floor - 3.0, (name, psnr(a, b))

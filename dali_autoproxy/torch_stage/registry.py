@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..ir import Crop, Resize
+from ..ir import Crop, FastColorJitter, Resize
 from ..kernel_table import KernelTable
 
 
@@ -30,6 +30,7 @@ Kernel = Callable[[torch.Tensor, object, Batch], torch.Tensor]
 # kernel(x, op, batch) -> x, on a [B, C, H, W] float batch
 TORCH_KERNELS = KernelTable("torch stage")
 TORCH_KERNELS.not_here("DALI runs crops and resizes before the stage takes over", Crop, Resize)
+TORCH_KERNELS.not_here("fidelity='fast' asks for DALI's own operator", FastColorJitter)
 kernel = TORCH_KERNELS.register
 
 

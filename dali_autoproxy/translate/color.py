@@ -9,8 +9,8 @@ from __future__ import annotations
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-from ..ir import (ChainState, ColorJitter as ColorJitterOp, Grayscale as GrayscaleOp, PixelOp, Step,
-                  TensorColorJitter, Unsupported)
+from ..ir import (ChainState, ColorJitter as ColorJitterOp, FastColorJitter, Grayscale as GrayscaleOp, PixelOp,
+                  Step, TensorColorJitter, Unsupported)
 from ..tv_internals import tensor_jitter_module
 from . import coin_drawer, register, transform_name, v2_params
 
@@ -65,7 +65,8 @@ def color_jitter(t, state: ChainState, alloc) -> Step:
         _pil_rgb_only(t, state)
     ranges = (t.brightness, t.contrast, t.saturation, t.hue)
     enabled = tuple(r is not None for r in ranges)
-    slot = alloc(8)
+    fast = not tensor and state.fidelity == "fast"
+    slot = alloc(16 if fast else 8)
     if isinstance(t, v2.Transform):
         params = v2_params(t)
 
@@ -85,6 +86,15 @@ def color_jitter(t, state: ChainState, alloc) -> Step:
                      (0.0 if h is None else float(h)) if tensor else (0 if h is None else int(h * 255) % 256)]
     if not any(enabled):
         return Step(transform_name(t), [], drawn, neutral=[])  # torchvision still draws the permutation
+    if fast:
+        def draw_per_position(g) -> None:
+            order, *factors = drawn(g)
+            row = [1.0, 1.0, 1.0, 0.0] * 4
+            for k, which in enumerate(int(i) for i in order):
+                if factors[which] is not None:
+                    row[4 * k + which] = float(factors[which])
+            g.params += row
+        return Step(transform_name(t), [FastColorJitter(slot)], draw_per_position, neutral=[1.0, 1.0, 1.0, 0.0] * 4)
     if tensor:
         api = "v2" if isinstance(t, v2.Transform) else "v1"
         try:
