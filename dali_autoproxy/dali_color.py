@@ -34,4 +34,3 @@ def grayscale(img, channels: int, apply=None):
         gray = apply * gray + (apply == 0) * img
     return fn.cast(gray, dtype=types.UINT8)
 
-
