@@ -334,6 +334,8 @@ class DaliRunner:
         if not _live_pipelines and not _fork_guard:
             try:
                 from nvidia.dali.backend import ReleaseUnusedMemory
+                from .torch_stage.tensor_policies import release_grids
+                release_grids()
                 ReleaseUnusedMemory()
             except Exception:  # pragma: no cover - interpreter shutdown
                 pass

@@ -28,7 +28,7 @@ _GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
 _PER_SAMPLE = ("Brightness", "Color", "Contrast", "Sharpness", "Posterize", "Solarize")
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=32)
 def _v2_grid(name: str, magnitude: float, h: int, w: int, device: str) -> Optional[torch.Tensor]:
     """The sampling grid v2's affine_image / rotate_image builds for this operation on an h x w
     image, or None where rotate_image takes a fast path (a multiple of 90 degrees)."""
@@ -50,6 +50,11 @@ def _v2_grid(name: str, magnitude: float, h: int, w: int, device: str) -> Option
         matrix = inverse_matrix(center, 0.0, translate, 1.0, shear)
     theta = torch.tensor(matrix, dtype=torch.float32, device=device).reshape(1, 2, 3)
     return affine_grid(theta, w=w, h=h, ow=w, oh=h)
+
+
+def release_grids() -> None:
+    """Free the cached grids (device memory) once no pipeline is left to use them."""
+    _v2_grid.cache_clear()
 
 
 def _geometric(sub: torch.Tensor, keys: List[tuple], op: TensorAugment) -> torch.Tensor:
