@@ -36,3 +36,44 @@ def test_torch_stage_profile_runs(tmp_path):
     assert {r["chain"] for r in rows} == {"heavy", "trivialaugment"}
     assert all(r["ms_per_batch"] > 0 for r in rows if "ms_per_batch" in r)
     assert any(r.get("op", "").endswith("Augment") for r in rows)
+
+
+def test_recipe_loaders_are_proxied(tmp_path):
+    """MixUp/CutMix collate, webdataset shards, timm's loader (its prefetcher needs a GPU: here
+    without), v2 RandAugment on tensors and ta_wide: each one autoproxied with decoding on DALI
+    (the benchmark raises where a loader falls back)."""
+    recipes = ["mixup", "webdataset", "timm_prefetch", "randaug_v2", "ta_wide"]
+    out = tmp_path / "recipes.json"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "dataset_shapes_benchmark.py"), "--data",
+           str(tmp_path / "c"), "--images", "48", "--workers", "2", "--batch", "8", "--device", "cpu",
+           "--warmup", "1", "--shapes", *recipes, "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert '"error"' not in res.stdout, res.stdout[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    assert {(r["shape"], r["mode"]) for r in rows} == {(s, m) for s in recipes for m in ("torchvision", "autoproxy")}
+    assert all(r["decode"] == "DALI 100%" for r in rows if r["mode"] == "autoproxy"), rows
+
+
+def test_train_benchmark_reads_the_imagenet_scripts_progress():
+    """The end-to-end benchmark's parser on pytorch/examples' ProgressMeter lines (running averages)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from train_benchmark import parse
+    lines = [f"Epoch: [0][{n:3d}/20]\tTime  0.100 ( {0.5 if n == 1 else (0.5 + 0.1 * (n - 1)) / n:.3f})\t"
+             f"Data  0.050 ( {(0.45 + 0.05 * (n - 1)) / n:.3f})\tLoss 1.0e+00 (1.0e+00)" for n in range(1, 21)]
+    out = parse("\n".join(lines + [" *   Acc@1 81.250 Acc@5 99.000"]), batch=256)
+    assert out["batches"] == 20 and out["val_acc1"] == 81.25
+    assert abs(out["epoch_s"] - 2.4) < 0.02 and abs(out["data_wait_s"] - 1.4) < 0.02
+    assert abs(out["steady_images_per_s"] - 10 * 256 / 1.0) < 30  # batches 11-20: 0.1 s each
+
+
+def test_distributed_summary_reports_medians_and_modes_not_run():
+    import argparse
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from distributed_benchmark import summarize
+    rows = [{"ranks": 1, "mode": "autoproxy", "images_per_s": v, "first_batch_s": 0.1} for v in (100.0, 120.0, 90.0)]
+    rows += [{"ranks": 2, "mode": "autoproxy", "images_per_s": v, "first_batch_s": 0.2} for v in (190.0, 200.0)]
+    rows += [{"ranks": 2, "mode": "autoproxy", "error": "failed"}]
+    table = summarize(rows, argparse.Namespace(ranks=[1, 2], workers=8))
+    assert "| 1 | 8 | 3 | - | 100 (90-120) | - | - / 1.00x |" in table
+    assert "| 2 | 8 | 2 | - | 195 (190-200) | - | - / 1.95x |" in table
