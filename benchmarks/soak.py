@@ -26,6 +26,13 @@ import dali_autoproxy  # noqa: E402
 
 
 def rss_mb() -> float:
+    """Resident memory after handing freed heap pages back (glibc's malloc_trim): what stays is
+    what is held, not what the allocator keeps cached, which swings by tens of MB per epoch."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
