@@ -3,6 +3,7 @@
 (running the ops). Kept here so neither side imports the other."""
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -25,6 +26,7 @@ def tensor_jitter_module(api: str) -> Any:
     return module
 
 
+@functools.lru_cache(maxsize=None)
 def tensor_policy_operation(api: str) -> Callable[..., Any]:
     """torchvision's own policy operation on tensors for ``api`` ("v1"/"v2"), as
     ``run(image, name, magnitude, interpolation, fill)``: v1's ``autoaugment._apply_op`` (fill a

@@ -6,7 +6,7 @@ which sign), reading the magnitudes from the transform's own augmentation space;
 operation travels as (index, magnitude) and runs in the torch stage. On PIL images with
 Pillow's arithmetic, one group of samples per operation (v2's Solarize magnitude, a fraction of
 255, is stored in v1's levels so one kernel serves both); on tensors with torchvision's own
-tensor kernels of the transform's API, one group per (operation, magnitude).
+tensor arithmetic of the transform's API (torch_stage/tensor_policies.py).
 """
 from __future__ import annotations
 
@@ -49,8 +49,7 @@ def _tensor_fill(t, state: ChainState):
 
 def _policy_ops(t, state: ChainState, slots):
     """The ops of a policy with one operation per slot: on a PIL image Pillow's arithmetic
-    (Augment); on a uint8 tensor torchvision's own tensor kernels, run on groups of samples that
-    drew the same operation and magnitude (TensorAugment)."""
+    (Augment); on a uint8 tensor torchvision's own tensor arithmetic (TensorAugment)."""
     if state.kind == "pil":
         fill, bilinear = _policy_fill(t, state)
         return [Augment(s, fill, bilinear) for s in slots]
