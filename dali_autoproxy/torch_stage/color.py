@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..ir import ColorJitter, Grayscale, PixelOp, jitter_order
+from . import fused_color
 from .registry import Batch, kernel, update_rows, upload
 
 
@@ -118,8 +119,7 @@ def color_jitter(x: torch.Tensor, op: ColorJitter, params: torch.Tensor, host) -
     steps[rows, blends_before[rows, cols]] = order[rows, cols]
     # hue after this many blends; -1: none
     hue_after = np.where(is_hue.any(1), (blends_before * is_hue).sum(1), -1)
-    factors = params[:, op.slot + 4:op.slot + 7].to(torch.float32)
-    shift = params[:, op.slot + 7]
+    factors, shift = jitter_factors(params, op)
     for k in range(4):
         due = np.flatnonzero(hue_after == k)
         if len(due):
@@ -180,7 +180,18 @@ def equalize(x: torch.Tensor) -> torch.Tensor:
 
 @kernel(ColorJitter)
 def _color_jitter(x: torch.Tensor, op: ColorJitter, batch: Batch) -> torch.Tensor:
+    if fused_color.usable(x):  # one Triton kernel per batch, the same values
+        out = fused_color.color_jitter(x, jitter_order(batch.host, op), *jitter_factors(batch.params, op),
+                                       hue_tables(x.device))
+        if out is not None:
+            return out
     return color_jitter(x, op, batch.params, batch.host)
+
+
+def jitter_factors(params: torch.Tensor, op: ColorJitter) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The brightness, contrast and saturation factors [B, 3] (float32, as Pillow blends) and
+    the hue shifts [B] (int32, 1/256 turns) of each sample."""
+    return params[:, op.slot + 4:op.slot + 7].to(torch.float32), params[:, op.slot + 7].to(torch.int32)
 
 
 @kernel(Grayscale)

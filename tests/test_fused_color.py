@@ -1,0 +1,113 @@
+"""The fused ColorJitter kernel (torch_stage/fused_color.py) gives torchvision's PIL values:
+per sample, its drawn order of brightness, contrast, saturation and hue, on photographs and on
+noise, at sizes that end mid-block, from strided batches. On the CPU the kernel runs in Triton's
+interpreter (a subprocess, so no other test sees an interpreted kernel); on a GPU, compiled."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.functional as F
+from PIL import Image
+
+triton = pytest.importorskip("triton")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _samples(rng: np.random.Generator, size):
+    """Uint8 [B, H, W, 3]: crops of scikit-image's photographs, then noise."""
+    sys.path.insert(0, HERE)
+    from photos import photographs
+    h, w = size
+    out = []
+    for photo in photographs():
+        y, x = rng.integers(0, photo.shape[0] - h), rng.integers(0, photo.shape[1] - w)
+        out.append(photo[y:y + h, x:x + w, :3])
+    out += [rng.integers(0, 256, (h, w, 3)) for _ in range(4)]
+    out.append(np.full((h, w, 3), 128))  # grey: no hue, every luma the same
+    return np.stack(out).astype(np.uint8)
+
+
+def _draws(rng: np.random.Generator, n: int):
+    """params rows as the translation writes them: order, 3 factors, 8-bit hue shift; plus the
+    hue factors torchvision takes. One sample skips the whole jitter (RandomApply's 4s)."""
+    host = np.zeros((n, 8))
+    hue = rng.uniform(-0.5, 0.5, n)
+    for i in range(n):
+        host[i, :4] = rng.permutation(4)
+    host[0, :4] = 4
+    host[:, 4:7] = rng.uniform(0.0, 2.0, (n, 3))
+    host[:, 7] = [int(h * 255) % 256 for h in hue]
+    return host, hue
+
+
+def _pillow(img: np.ndarray, row: np.ndarray, hue: float, enabled) -> np.ndarray:
+    out = Image.fromarray(img)
+    steps = [lambda im: F.adjust_brightness(im, row[4]), lambda im: F.adjust_contrast(im, row[5]),
+             lambda im: F.adjust_saturation(im, row[6]), lambda im: F.adjust_hue(im, hue)]
+    for k in row[:4].astype(int):
+        if k < 4 and enabled[k]:
+            out = steps[k](out)
+    return np.asarray(out)
+
+
+def check(device: str) -> dict:
+    """Fused kernel against torchvision on PIL images and against the torch-op path."""
+    from dali_autoproxy.ir import ColorJitter, jitter_order
+    from dali_autoproxy.torch_stage import color, fused_color
+    dev = torch.device(device)
+    tables = color.hue_tables(dev)
+    rng = np.random.default_rng(7)
+    report = {"fused": fused_color._load() is not None, "cases": []}
+    for size, enabled in [((29, 37), (True, True, True, True)), ((40, 45), (True, True, True, True)),
+                          ((33, 64), (False, True, True, False)), ((17, 19), (True, False, False, True))]:
+        imgs = _samples(rng, size)
+        host, hue = _draws(rng, len(imgs))
+        op = ColorJitter(slot=0, enabled=enabled)
+        params = torch.from_numpy(host).to(dev)
+        x = torch.from_numpy(imgs).to(dev).permute(0, 3, 1, 2).to(torch.float32)  # channels-last strides
+        fused = fused_color.color_jitter(x, jitter_order(host, op), *color.jitter_factors(params, op), tables)
+        ops = color.color_jitter(x.clone(), op, params, host)
+        want = np.stack([_pillow(im, row, h, enabled) for im, row, h in zip(imgs, host, hue)])
+        got = fused.permute(0, 2, 3, 1).cpu().numpy()
+        report["cases"].append({"size": size, "contiguous": fused.is_contiguous(),
+                                "equal_to_pillow": bool((got == want).all()),
+                                "equal_to_torch_ops": bool((fused == ops).all()),
+                                "differing": int((got != want).any(-1).sum())})
+    return report
+
+
+def _assert_exact(report: dict) -> None:
+    assert report["fused"], "the Triton kernel did not load"
+    for case in report["cases"]:
+        assert case["contiguous"] and case["equal_to_pillow"] and case["equal_to_torch_ops"], case
+
+
+def test_fused_color_jitter_in_tritons_interpreter_equals_pillow():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(HERE))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "cpu"], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    _assert_exact(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.gpu
+def test_fused_color_jitter_on_the_gpu_equals_pillow():
+    from dali_autoproxy.torch_stage import fused_color
+    assert fused_color.usable(torch.zeros(1, device="cuda"))
+    _assert_exact(check("cuda"))
+
+
+def test_without_cuda_the_stage_keeps_the_torch_ops():
+    from dali_autoproxy.torch_stage import fused_color
+    assert not fused_color.usable(torch.zeros(1))
+
+
+if __name__ == "__main__":
+    print(json.dumps(check(sys.argv[1])))
