@@ -106,7 +106,8 @@ class Lowering:
         from nvidia.dali import fn, types
         ops = list(self.ops)
         encoded = self.input_kind == "encoded"
-        data = fn.external_source(name="data", device="cpu", dtype=types.UINT8,
+        # no_copy: DALI reads the workers' shared memory in place (DaliRunner keeps it alive)
+        data = fn.external_source(name="data", device="cpu", dtype=types.UINT8, no_copy=True,
                                   layout=None if encoded else "HWC")
         if encoded:
             decode_device = "mixed" if self.device == "gpu" else "cpu"
@@ -305,6 +306,7 @@ class DaliRunner:
         self.prefetch = prefetch
         self.pending = 0
         self._params: "collections.deque" = collections.deque()  # per submitted batch, for the torch stage
+        self._fed: "collections.deque" = collections.deque()  # the payloads DALI reads without a copy
         self._waiter: Optional[_Waiter] = None
         _live_runners.add(self)
         self._build()
@@ -322,6 +324,7 @@ class DaliRunner:
         self.pipe = pipe
         self.pending = 0
         self._params.clear()
+        self._fed = collections.deque()
 
     def __del__(self) -> None:
         """Free the pipeline now, and DALI's cached memory once no pipeline of ours is left."""
@@ -351,6 +354,7 @@ class DaliRunner:
     def submit(self, group: ProxyGroup) -> None:
         pipe = self.pipe
         pipe.feed_input("data", group.payload_views())
+        self._fed.append(group.payload)  # until its output is collected, whoever drops the group
         params = group.params
         for name, column, width, dtype in self.lowering.feeds:
             col = params[:, column:column + width].astype(dtype, copy=True)
@@ -370,8 +374,15 @@ class DaliRunner:
         if self._waiter is None:
             self._waiter = _Waiter()
         limit = timeout or STALL_LIMIT_S
+        pipe, fed = self.pipe, self._fed
+
+        def outputs():  # holds the fed payloads for as long as this call may still run
+            result = pipe.outputs()
+            if fed:
+                fed.popleft()
+            return result
         try:
-            (out,) = self._waiter.call(self.pipe.outputs, limit)
+            (out,) = self._waiter.call(outputs, limit)
         except TimeoutError:
             self._waiter = None  # its thread stays blocked in the abandoned pipeline
             raise RuntimeError(f"DALI produced no output within {limit:g} s; the pipeline is "
