@@ -11,6 +11,7 @@ Everything per sample (crop boxes, sizes, flip flags) arrives through external s
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import weakref
 import queue
@@ -36,6 +37,7 @@ DALI_KERNELS.not_here("exact only as torch ops; the torch stage takes over from 
 _TAIL_OPS = frozenset((Flip, ToFloat, Normalize, ToCHW))  # what one crop_mirror_normalize can finish with
 
 STALL_LIMIT_S = 600.0  # no output for this long (or the loader's timeout=) means DALI is stuck
+CLOSE_WAIT_S = 10.0  # a pipeline's thread gets this long to finish its batch when the pipeline goes
 
 _live_pipelines: "weakref.WeakSet" = weakref.WeakSet()
 _live_runners: "weakref.WeakSet" = weakref.WeakSet()
@@ -251,39 +253,133 @@ def _to_chw(lw: Lowering, op: ToCHW, img):
     return img  # the layout is applied once, in the tail
 
 
-class _Waiter:
-    """One daemon thread that makes the blocking DALI call, so the caller can stop waiting.
-    A daemon, so a pipeline stuck for good never holds up interpreter exit."""
+class _Batch:
+    """One submitted batch: fed and run, then collected, by the pipeline's thread; the loader
+    waits for its result."""
+    __slots__ = ("group", "stream", "done", "ok", "value", "requested", "cancelled")
 
-    def __init__(self) -> None:
-        self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
-        threading.Thread(target=self._loop, daemon=True, name="dali_autoproxy-outputs").start()
+    def __init__(self, group: ProxyGroup, stream) -> None:
+        self.group, self.stream = group, stream
+        self.done, self.ok, self.value = threading.Event(), False, None
+        self.requested = self.cancelled = False
 
-    def _loop(self) -> None:
-        while True:
-            fn, box, done = self._jobs.get()
-            if fn is None:
-                return
-            try:
-                box.append((True, fn()))
-            except BaseException as exc:  # handed to the caller
-                box.append((False, exc))
-            done.set()
-            del fn, box, done  # hold nothing between calls: fn is bound to the pipeline
+    def fail(self, exc: BaseException) -> None:
+        self.group, self.value = None, exc
+        self.done.set()
 
-    def call(self, fn, timeout: float):
-        box: list = []
-        done = threading.Event()
-        self._jobs.put((fn, box, done))
-        if not done.wait(timeout):
+    def succeed(self, value) -> None:
+        self.group, self.value, self.ok = None, value, True
+        self.done.set()
+
+    def result(self, timeout: float):
+        if not self.done.wait(timeout):
             raise TimeoutError
-        ok, value = box[0]
-        if ok:
+        value, self.value = self.value, None
+        if self.ok:
             return value
         raise value
 
-    def close(self) -> None:
-        self._jobs.put((None, None, None))
+
+class _Inputs:
+    """A pipeline and the payloads it reads in place (``no_copy``), released in that order:
+    DALI's pipeline stops before the memory it may still read is freed."""
+    __slots__ = ("pipe", "payloads")
+
+    def __init__(self, pipe) -> None:
+        self.pipe, self.payloads = pipe, collections.deque()
+
+    def __del__(self) -> None:
+        self.pipe = None
+        self.payloads = None
+        _release_memory_if_idle()
+
+
+class _PipelineThread:
+    """The one thread that touches a pipeline once it is built, as DALI's own proxy server
+    does: it feeds and runs each batch, and collects the oldest (DALI's outputs, then the torch
+    stage) as soon as the loader has the look-ahead fed behind it. So the stage's launches and
+    the feeding overlap the main thread's work on the next batches, and DALI's outputs() call,
+    which has no timeout, never blocks the loader (it waits on the batch with one). A daemon:
+    a pipeline stuck for good never holds up interpreter exit."""
+
+    def __init__(self, inputs: _Inputs, feeds, stage: Optional[TorchStage], device_id: Optional[int]) -> None:
+        self._commands: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._run = (inputs, feeds, stage, device_id)
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="dali_autoproxy-pipeline")
+        self._thread.start()
+
+    def feed(self, batch: _Batch) -> None:
+        self._commands.put((True, batch))
+
+    def collect(self, batch: _Batch) -> None:
+        self._commands.put((False, batch))
+
+    def close(self, wait: float = 0.0) -> None:
+        """End the thread after the command in progress; ``wait``: up to that many seconds for
+        it to let go of the pipeline (so its memory is free when the caller returns)."""
+        self._commands.put(None)
+        if wait and threading.current_thread() is not self._thread:
+            self._thread.join(wait)
+
+    def _loop(self) -> None:
+        inputs, feeds, stage, device_id = self._run
+        del self._run
+        if device_id is not None:
+            torch.cuda.set_device(device_id)
+        while True:
+            command = self._commands.get()
+            if command is None:
+                return
+            is_feed, batch = command
+            del command
+            if batch.cancelled or batch.done.is_set():  # cancelled, or its feed failed
+                del batch
+                continue
+            try:
+                if is_feed:
+                    _feed(inputs, feeds, batch.group)
+                else:
+                    with torch.cuda.stream(batch.stream) if batch.stream is not None else contextlib.nullcontext():
+                        batch.succeed(_outputs(inputs, stage, batch.group.params))
+            except BaseException as exc:  # handed to the loader, which rebuilds the pipeline
+                batch.fail(exc)
+            del batch
+
+
+def _feed(inputs: _Inputs, feeds, group: ProxyGroup) -> None:
+    pipe = inputs.pipe
+    pipe.feed_input("data", group.payload_views())
+    inputs.payloads.append(group.payload)  # until its output is out, whoever drops the group
+    params = group.params
+    for name, column, width, dtype in feeds:
+        col = params[:, column:column + width].astype(dtype, copy=True)
+        pipe.feed_input(name, col.reshape(-1) if width == 1 else col)
+    # DALI's own proxy drives the pipeline this way: one scheduled run per fed batch.
+    pipe._run_once()
+
+
+def _outputs(inputs: _Inputs, stage: Optional[TorchStage], params: np.ndarray):
+    """DALI's next output as torch tensors, with the torch stage applied."""
+    (out,) = inputs.pipe.outputs()
+    inputs.payloads.popleft()  # DALI is done reading it
+    if out.is_dense_tensor():
+        result = torch.from_dlpack(out.as_tensor())
+    else:
+        result = [torch.from_dlpack(out[i]) for i in range(len(out))]
+    return stage(result, params) if stage is not None else result
+
+
+def _release_memory_if_idle() -> None:
+    """DALI's cached memory (and the stage's grids) go once no pipeline of ours is left."""
+    if _live_pipelines or _fork_guard:
+        return
+    try:
+        from nvidia.dali.backend import ReleaseUnusedMemory
+        from .torch_stage.tensor_policies import release_grids
+        release_grids()
+        ReleaseUnusedMemory()
+    except Exception:  # pragma: no cover - interpreter shutdown
+        pass
 
 
 def default_num_threads(device: str) -> int:
@@ -293,7 +389,9 @@ def default_num_threads(device: str) -> int:
 
 class DaliRunner:
     """One DALI pipeline for one plan and input kind: batches go in with submit(), come out in
-    FIFO order."""
+    FIFO order with collect(). Only its thread touches the pipeline once built."""
+
+    ahead = 2  # batches fed behind the one the thread is collecting
 
     def __init__(self, plan: Plan, input_kind: str, batch_size: int, device: str, device_id: Optional[int],
                  num_threads: Optional[int] = None, prefetch: int = 2):
@@ -304,10 +402,8 @@ class DaliRunner:
         self.device_id = device_id
         self.num_threads = num_threads or default_num_threads(device)
         self.prefetch = prefetch
-        self.pending = 0
-        self._params: "collections.deque" = collections.deque()  # per submitted batch, for the torch stage
-        self._fed: "collections.deque" = collections.deque()  # the payloads DALI reads without a copy
-        self._waiter: Optional[_Waiter] = None
+        self._batches: "collections.deque" = collections.deque()  # submitted, not collected; oldest first
+        self._thread: Optional[_PipelineThread] = None
         _live_runners.add(self)
         self._build()
 
@@ -322,81 +418,68 @@ class DaliRunner:
         pipe.build()
         _live_pipelines.add(pipe)
         self.pipe = pipe
-        self.pending = 0
-        self._params.clear()
-        self._fed = collections.deque()
+        self._batches.clear()
+        self._thread = _PipelineThread(_Inputs(pipe), self.lowering.feeds, self.lowering.torch_stage,
+                                       self.device_id if self.device == "gpu" else None)
 
     def __del__(self) -> None:
-        """Free the pipeline now, and DALI's cached memory once no pipeline of ours is left."""
-        pipe, self.pipe = getattr(self, "pipe", None), None
-        if getattr(self, "_waiter", None) is not None:
-            self._waiter.close()
-        if pipe is None:
-            return
-        del pipe
-        if not _live_pipelines and not _fork_guard:
-            try:
-                from nvidia.dali.backend import ReleaseUnusedMemory
-                from .torch_stage.tensor_policies import release_grids
-                release_grids()
-                ReleaseUnusedMemory()
-            except Exception:  # pragma: no cover - interpreter shutdown
-                pass
+        """Free the pipeline now (its thread lets go of it); DALI's cached memory goes with the
+        last pipeline of ours."""
+        self.pipe = None
+        self._stop_thread(wait=CLOSE_WAIT_S)
+
+    @property
+    def pending(self) -> int:
+        return len(self._batches)
+
+    def _stop_thread(self, wait: float = 0.0) -> None:
+        """Cancel what is queued and let the thread end (a thread stuck in DALI is left to it)."""
+        for batch in getattr(self, "_batches", ()):
+            batch.cancelled = True
+        if getattr(self, "_thread", None) is not None:
+            self._thread.close(wait)
+            self._thread = None
 
     def rebuild(self) -> None:
         """After a failure the pipeline's queue state is unknown: start a fresh one."""
-        if self._waiter is not None:
-            self._waiter.close()
-            self._waiter = None
+        self._stop_thread()
         self.pipe = None
         self._build()
 
     def submit(self, group: ProxyGroup) -> None:
-        pipe = self.pipe
-        pipe.feed_input("data", group.payload_views())
-        self._fed.append(group.payload)  # until its output is collected, whoever drops the group
-        params = group.params
-        for name, column, width, dtype in self.lowering.feeds:
-            col = params[:, column:column + width].astype(dtype, copy=True)
-            pipe.feed_input(name, col.reshape(-1) if width == 1 else col)
-        # DALI's own proxy drives the pipeline this way: one scheduled run per fed batch.
-        pipe._run_once()
-        self.pending += 1
-        self._params.append(params)
+        """Queue one batch: fed and run at once on the pipeline's thread, and collected there
+        ahead of the loader once ``ahead`` batches are fed behind it."""
+        stream = torch.cuda.current_stream() if self.device == "gpu" else None  # the loop's
+        batch = _Batch(group, stream)
+        self._batches.append(batch)
+        self._thread.feed(batch)
+        waiting = [b for b in self._batches if not b.requested]
+        if len(waiting) > self.ahead:
+            self._request(waiting[0])
+
+    def _request(self, batch: _Batch) -> None:
+        batch.requested = True
+        self._thread.collect(batch)
 
     def collect(self, timeout: Optional[float] = None) -> Union[torch.Tensor, List[torch.Tensor]]:
         """The oldest submitted batch: one batched tensor, or a list when shapes differ.
 
-        DALI's outputs() has no timeout; it waits on a helper thread so that a stuck pipeline
-        ends in a RuntimeError after ``timeout`` seconds (then rebuild()) instead of a hang."""
-        self.pending -= 1
-        params = self._params.popleft() if self._params else None
-        if self._waiter is None:
-            self._waiter = _Waiter()
+        A pipeline with no output for ``timeout`` seconds ends in a RuntimeError (then
+        rebuild()) instead of a hang."""
+        batch = self._batches.popleft()
+        if not batch.requested:
+            self._request(batch)
         limit = timeout or STALL_LIMIT_S
-        pipe, fed = self.pipe, self._fed
-
-        def outputs():  # holds the fed payloads for as long as this call may still run
-            result = pipe.outputs()
-            if fed:
-                fed.popleft()
-            return result
         try:
-            (out,) = self._waiter.call(outputs, limit)
+            return batch.result(limit)
         except TimeoutError:
-            self._waiter = None  # its thread stays blocked in the abandoned pipeline
+            self._stop_thread()  # stuck in DALI: it is left there
             raise RuntimeError(f"DALI produced no output within {limit:g} s; the pipeline is "
                                "considered stuck") from None
-        if out.is_dense_tensor():
-            result = torch.from_dlpack(out.as_tensor())
-        else:
-            result = [torch.from_dlpack(out[i]) for i in range(len(out))]
-        stage = self.lowering.torch_stage
-        return stage(result, params) if stage is not None else result
 
     def drain(self) -> None:
         """Discard outputs of batches nobody will take (after a break out of an epoch)."""
-        while self.pending > 0:
+        while self._batches:
             try:
                 self.collect()
             except Exception:
