@@ -215,7 +215,7 @@ class LoaderState:
                     runner.drain()
                     return runner
         device_id = torch.cuda.current_device() if device == "gpu" else None
-        return DaliRunner(plan, kind, batch_size, device, device_id)
+        return DaliRunner(plan, kind, batch_size, device, device_id, ahead=LOOKAHEAD)
 
     def give_back(self, runners: Dict[RunnerKey, Any]) -> None:
         with self.lock:

@@ -296,8 +296,8 @@ class _Inputs:
 
 class _PipelineThread:
     """The one thread that touches a pipeline once it is built, as DALI's own proxy server
-    does: it feeds and runs each batch, and collects the oldest (DALI's outputs, then the torch
-    stage) as soon as the loader has the look-ahead fed behind it. So the stage's launches and
+    does: it feeds and runs every batch as soon as it is queued, and collects the oldest (DALI's
+    outputs, then the torch stage) once the loader has its look-ahead queued behind it. So the stage's launches and
     the feeding overlap the main thread's work on the next batches, and DALI's outputs() call,
     which has no timeout, never blocks the loader (it waits on the batch with one). A daemon:
     a pipeline stuck for good never holds up interpreter exit."""
@@ -326,10 +326,18 @@ class _PipelineThread:
         del self._run
         if device_id is not None:
             torch.cuda.set_device(device_id)
+        requested: "collections.deque" = collections.deque()  # collections asked for, oldest first
         while True:
-            command = self._commands.get()
-            if command is None:
-                return
+            try:  # every queued feed goes to DALI before the thread blocks in outputs()
+                command = self._commands.get(block=not requested)
+            except queue.Empty:
+                command = (False, requested.popleft())
+            else:
+                if command is None:
+                    return
+                if not command[0]:
+                    requested.append(command[1])
+                    continue
             is_feed, batch = command
             del command
             if batch.cancelled or batch.done.is_set():  # cancelled, or its feed failed
@@ -391,17 +399,16 @@ class DaliRunner:
     """One DALI pipeline for one plan and input kind: batches go in with submit(), come out in
     FIFO order with collect(). Only its thread touches the pipeline once built."""
 
-    ahead = 2  # batches fed behind the one the thread is collecting
-
     def __init__(self, plan: Plan, input_kind: str, batch_size: int, device: str, device_id: Optional[int],
-                 num_threads: Optional[int] = None, prefetch: int = 2):
+                 num_threads: Optional[int] = None, ahead: int = 2):
         self.plan = plan
         self.input_kind = input_kind
         self.batch_size = batch_size
         self.device = device
         self.device_id = device_id
         self.num_threads = num_threads or default_num_threads(device)
-        self.prefetch = prefetch
+        self.ahead = ahead  # batches queued behind the one being collected
+        self.prefetch = ahead + 1  # DALI's queue holds every batch the loader has submitted
         self._batches: "collections.deque" = collections.deque()  # submitted, not collected; oldest first
         self._thread: Optional[_PipelineThread] = None
         _live_runners.add(self)

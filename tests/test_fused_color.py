@@ -1,6 +1,7 @@
-"""The fused ColorJitter kernel (torch_stage/fused_color.py) gives torchvision's PIL values:
-per sample, its drawn order of brightness, contrast, saturation and hue, on photographs and on
-noise, at sizes that end mid-block, from strided batches. On the CPU the kernel runs in Triton's
+"""The fused ColorJitter kernels (torch_stage/fused_color.py) give torchvision's values: on PIL
+images (Pillow's maths) and on uint8 tensors (v2's adjust_*_image), per sample in its drawn
+order of brightness, contrast, saturation and hue, on photographs and on noise, at sizes that
+end mid-block, from strided batches. On the CPU the kernel runs in Triton's
 interpreter (a subprocess, so no other test sees an interpreted kernel); on a GPU, compiled."""
 from __future__ import annotations
 
@@ -77,16 +78,49 @@ def check(device: str) -> dict:
         want = np.stack([_pillow(im, row, h, enabled) for im, row, h in zip(imgs, host, hue)])
         got = fused.permute(0, 2, 3, 1).cpu().numpy()
         report["cases"].append({"size": size, "contiguous": fused.is_contiguous(),
-                                "equal_to_pillow": bool((got == want).all()),
+                                "equal_to_torchvision": bool((got == want).all()),
                                 "equal_to_torch_ops": bool((fused == ops).all()),
                                 "differing": int((got != want).any(-1).sum())})
+    return report
+
+
+def _v2_tensor(img: np.ndarray, row: np.ndarray, device: str) -> torch.Tensor:
+    import torchvision.transforms.v2.functional as F2
+    steps = [F2.adjust_brightness, F2.adjust_contrast, F2.adjust_saturation, F2.adjust_hue]
+    out = torch.from_numpy(img).to(device).permute(2, 0, 1).contiguous()
+    for k in row[:4].astype(int):
+        if 0 <= k < 4:
+            out = steps[k](out, float(row[4 + k]))
+    return out
+
+
+def check_tensor_v2(device: str) -> dict:
+    """The v2 tensor kernel against torchvision v2 on uint8 tensors, on the same device."""
+    from dali_autoproxy.torch_stage import fused_color
+    rng = np.random.default_rng(11)
+    report = {"fused": fused_color._load() is not None, "cases": []}
+    for size in [(29, 37), (40, 45), (33, 64)]:
+        imgs = _samples(rng, size)
+        n = len(imgs)
+        host = np.zeros((n, 8))
+        host[:, :4] = [rng.permutation(4) for _ in range(n)]
+        host[0, :4] = -1
+        host[1, 2:4] = -1  # two adjustments only
+        host[:, 4:8] = np.stack([rng.uniform(0.6, 1.4, n), rng.uniform(0, 2, n), rng.uniform(0, 2, n),
+                                 rng.uniform(-0.5, 0.5, n)], 1)
+        x = torch.from_numpy(imgs).to(device).permute(0, 3, 1, 2).to(torch.float32)
+        fused = fused_color.tensor_color_jitter_v2(x, host[:, :4].astype(int), host[:, 4:8])
+        want = torch.stack([_v2_tensor(im, row, device) for im, row in zip(imgs, host)])
+        report["cases"].append({"size": size, "contiguous": fused.is_contiguous(),
+                                "equal_to_torchvision": bool((fused.to(torch.uint8) == want).all()),
+                                "differing": int((fused.to(torch.uint8) != want).any(1).sum())})
     return report
 
 
 def _assert_exact(report: dict) -> None:
     assert report["fused"], "the Triton kernel did not load"
     for case in report["cases"]:
-        assert case["contiguous"] and case["equal_to_pillow"] and case["equal_to_torch_ops"], case
+        assert case["contiguous"] and case["equal_to_torchvision"] and case.get("equal_to_torch_ops", True), case
 
 
 def _version(text: str):
@@ -95,19 +129,22 @@ def _version(text: str):
 
 @pytest.mark.skipif(_version(triton.__version__) < (3, 8),
                     reason="Triton's interpreter before 3.8 cannot take a runtime loop bound under NumPy 2")
-def test_fused_color_jitter_in_tritons_interpreter_equals_pillow():
+def test_fused_color_jitter_in_tritons_interpreter_equals_torchvision():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(HERE))
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "cpu"], capture_output=True, text=True,
                          timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    _assert_exact(json.loads(out.stdout.strip().splitlines()[-1]))
+    pil, tensor_v2 = json.loads(out.stdout.strip().splitlines()[-1])
+    _assert_exact(pil)
+    _assert_exact(tensor_v2)
 
 
 @pytest.mark.gpu
-def test_fused_color_jitter_on_the_gpu_equals_pillow():
+def test_fused_color_jitter_on_the_gpu_equals_torchvision():
     from dali_autoproxy.torch_stage import fused_color
     assert fused_color.usable(torch.zeros(1, device="cuda"))
     _assert_exact(check("cuda"))
+    _assert_exact(check_tensor_v2("cuda"))
 
 
 def test_without_cuda_the_stage_keeps_the_torch_ops():
@@ -116,4 +153,4 @@ def test_without_cuda_the_stage_keeps_the_torch_ops():
 
 
 if __name__ == "__main__":
-    print(json.dumps(check(sys.argv[1])))
+    print(json.dumps([check(sys.argv[1]), check_tensor_v2(sys.argv[1])]))

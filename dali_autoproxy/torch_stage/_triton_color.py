@@ -85,3 +85,150 @@ def jitter(src, dst, order_ptr, factor_ptr, shift_ptr, to_hs, to_rgb,
         elif step == 0:  # brightness: blend with black
             _blend_pass(img, 0.0, tl.load(factor_ptr + n * 3), HW, BLOCK)
         tl.debug_barrier()
+
+
+# ---------------------------------------------------------------------------------------------
+# torchvision v2's ColorJitter on uint8 tensor images (adjust_*_image): float32 steps as its
+# torch calls take them, add_(x, alpha=a) as one fused multiply-add (as ATen computes it),
+# divisions correctly rounded, results truncated to uint8 as .to(torch.uint8) does.
+
+@triton.jit
+def _to_u8(v):  # clamp_(0, 255) then .to(torch.uint8): truncation
+    return tl.minimum(tl.maximum(v, 0.0), 255.0).to(tl.int32).to(tl.float32)
+
+
+@triton.jit
+def _fma(a, b, c):
+    """a * b + c rounded once to float32, as ATen's add_(other, alpha) computes it: the float32
+    product is exact in float64 (as the batched torch ops take it, in Triton's interpreter too)."""
+    return (tl.cast(a, tl.float64) * tl.cast(tl.cast(b, tl.float32), tl.float64) + tl.cast(c, tl.float64)).to(tl.float32)
+
+
+@triton.jit
+def _gray_v2(r, g, b):  # r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114), then floor_()
+    return tl.floor(_fma(b, 0.114, _fma(g, 0.587, r * 0.2989)))
+
+
+@triton.jit
+def _mix_v2(v, other, ratio, alpha):  # v2's _blend: image1.mul(ratio).add_(image2, alpha=1 - ratio)
+    return _to_u8(_fma(other, alpha, v * ratio))
+
+
+@triton.jit
+def _hue_v2(r8, g8, b8, hue):
+    """adjust_hue_image on one pixel: to float (x * (1/255)), _rgb_to_hsv, h + hue mod 1,
+    _hsv_to_rgb, back to uint8 (x * 255.999, truncated)."""
+    scale = 0.00392156862745098  # 1.0 / 255
+    r = r8 * scale
+    g = g8 * scale
+    b = b8 * scale
+    maxc = tl.maximum(tl.maximum(r, g), b)
+    minc = tl.minimum(tl.minimum(r, g), b)
+    eqc = maxc == minc
+    cr = maxc - minc
+    s = tl.math.div_rn(cr, tl.where(eqc, 1.0, maxc))
+    div = tl.where(eqc, 1.0, cr)
+    rc = tl.math.div_rn(maxc - r, div)
+    gc = tl.math.div_rn(maxc - g, div)
+    bc = tl.math.div_rn(maxc - b, div)
+    neq_r = maxc != r
+    eq_g = maxc == g
+    hg = ((rc + 2.0) - bc) * (eq_g & neq_r).to(tl.float32)
+    hr = (bc - gc) * (neq_r == 0).to(tl.float32)
+    hb = ((gc + 4.0) - rc) * (neq_r & (eq_g == 0)).to(tl.float32)
+    h = ((hr + hg + hb) * 0.16666666666666666 + 1.0) % 1.0
+    h = (h + hue) % 1.0  # remainder_(1.0)
+    h = tl.where((h != 0.0) & (h < 0.0), h + 1.0, h)
+    h6 = h * 6.0
+    sector = tl.floor(h6)
+    f = h6 - sector
+    i = sector.to(tl.int32) % 6
+    i = tl.where(i < 0, i + 6, i)
+    sxf = s * f
+    one_minus_s = 1.0 - s
+    q = tl.minimum(tl.maximum((1.0 - sxf) * maxc, 0.0), 1.0)
+    t = tl.minimum(tl.maximum((sxf + one_minus_s) * maxc, 0.0), 1.0)
+    p = tl.minimum(tl.maximum(one_minus_s * maxc, 0.0), 1.0)
+    v = maxc
+    ro = tl.where(i == 0, v, tl.where(i == 1, q, tl.where((i == 2) | (i == 3), p, tl.where(i == 4, t, v))))
+    go = tl.where(i == 0, t, tl.where((i == 1) | (i == 2), v, tl.where(i == 3, q, p)))
+    bo = tl.where((i == 0) | (i == 1), p, tl.where(i == 2, t, tl.where((i == 3) | (i == 4), v, q)))
+    up = 255.999
+    return (ro * up).to(tl.int32).to(tl.float32), (go * up).to(tl.int32).to(tl.float32), \
+        (bo * up).to(tl.int32).to(tl.float32)
+
+
+@triton.jit
+def tensor_jitter_v2(src, dst, order_ptr, factor_ptr, alpha_ptr, W, HW, s_b, s_c, s_h, s_w,
+                     MEAN_BY_DIVISION: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per sample; factors [B, 4] (float32: brightness, contrast, saturation, hue),
+    alphas [B, 2] (float32 of 1 - ratio in float64: contrast, saturation). torch.mean of the
+    floored grey: a sum of whole numbers (exact below 2**24, which the caller ensures), then
+    divided by N (CPU) or times 1/N (CUDA), in float32."""
+    n = tl.program_id(0).to(tl.int64)
+    src_n = src + n * s_b
+    img = dst + n * 3 * HW
+    for start in range(0, HW, BLOCK):
+        p = start + tl.arange(0, BLOCK)
+        m = p < HW
+        off = (p // W) * s_h + (p % W) * s_w
+        for ch in tl.static_range(3):
+            tl.store(img + ch * HW + p, tl.load(src_n + ch * s_c + off, mask=m), mask=m)
+    tl.debug_barrier()
+    for pos in tl.static_range(4):
+        step = tl.load(order_ptr + n * 4 + pos)
+        if step == 0:
+            f = tl.load(factor_ptr + n * 4)
+            for start in range(0, HW, BLOCK):
+                p = start + tl.arange(0, BLOCK)
+                m = p < HW
+                r, g, b = _rgb(img, p, m, HW)
+                tl.store(img + p, _to_u8(r * f), mask=m)
+                tl.store(img + HW + p, _to_u8(g * f), mask=m)
+                tl.store(img + 2 * HW + p, _to_u8(b * f), mask=m)
+        elif step == 1:
+            total = tl.zeros((), dtype=tl.float64)
+            for start in range(0, HW, BLOCK):
+                p = start + tl.arange(0, BLOCK)
+                m = p < HW
+                r, g, b = _rgb(img, p, m, HW)
+                total += tl.sum(tl.where(m, _gray_v2(r, g, b), 0.0).to(tl.float64), axis=0)
+            count = HW.to(tl.float32)
+            if MEAN_BY_DIVISION:  # the CPU's mean: sum, then div_(N)
+                mean = tl.math.div_rn(total.to(tl.float32), count)
+            else:  # CUDA's: sum times the factor 1/N
+                mean = total.to(tl.float32) * tl.math.div_rn(1.0, count)
+            _mix_v2_pass(img, mean, tl.load(factor_ptr + n * 4 + 1), tl.load(alpha_ptr + n * 2), HW, BLOCK)
+        elif step == 2:
+            ratio = tl.load(factor_ptr + n * 4 + 2)
+            alpha = tl.load(alpha_ptr + n * 2 + 1)
+            for start in range(0, HW, BLOCK):
+                p = start + tl.arange(0, BLOCK)
+                m = p < HW
+                r, g, b = _rgb(img, p, m, HW)
+                gray = _gray_v2(r, g, b)
+                tl.store(img + p, _mix_v2(r, gray, ratio, alpha), mask=m)
+                tl.store(img + HW + p, _mix_v2(g, gray, ratio, alpha), mask=m)
+                tl.store(img + 2 * HW + p, _mix_v2(b, gray, ratio, alpha), mask=m)
+        elif step == 3:
+            hue = tl.load(factor_ptr + n * 4 + 3)
+            for start in range(0, HW, BLOCK):
+                p = start + tl.arange(0, BLOCK)
+                m = p < HW
+                r, g, b = _rgb(img, p, m, HW)
+                ro, go, bo = _hue_v2(r, g, b, hue)
+                tl.store(img + p, ro, mask=m)
+                tl.store(img + HW + p, go, mask=m)
+                tl.store(img + 2 * HW + p, bo, mask=m)
+        tl.debug_barrier()
+
+
+@triton.jit
+def _mix_v2_pass(img, other, ratio, alpha, HW, BLOCK: tl.constexpr):
+    for start in range(0, HW, BLOCK):
+        p = start + tl.arange(0, BLOCK)
+        m = p < HW
+        r, g, b = _rgb(img, p, m, HW)
+        tl.store(img + p, _mix_v2(r, other, ratio, alpha), mask=m)
+        tl.store(img + HW + p, _mix_v2(g, other, ratio, alpha), mask=m)
+        tl.store(img + 2 * HW + p, _mix_v2(b, other, ratio, alpha), mask=m)

@@ -1,16 +1,17 @@
-"""Pillow's ColorJitter as one Triton kernel per batch, where Triton runs (CUDA).
+"""ColorJitter as one Triton kernel per batch, where Triton runs (CUDA): on PIL images
+(Pillow's maths, ``color.py``) and on uint8 tensor images (torchvision v2's, ``tensor_jitter.py``).
 
-The torch-op version in ``color.py`` is exact but launches ~100 small kernels per batch, and
-its ~4 ms of host time on the main thread limited heavy-augmentation loaders. Here one program
-per sample walks that sample's own drawn order: brightness, contrast (a mean-luma pass, then
-the blend), saturation and hue (the two lookup tables of ``color.hue_tables``), each a pass
-over the sample in place. Same arithmetic as ``color.py`` step for step, float32 without
-fused multiply-adds (``enable_fp_fusion=False``), integers where Pillow uses integers, so the
-values are equal (tests/test_fused_color.py runs the kernel in Triton's interpreter on the CPU
-and on the GPU against the torch ops).
+The torch-op versions are exact but launch ~100 small kernels per batch, and their host time
+(~3-10 ms per batch of 128) limited augmentation-heavy loaders. Here one program per sample
+walks that sample's own drawn order: brightness, contrast (a mean pass, then the blend),
+saturation and hue, each a pass over the sample in place. The same arithmetic step for step:
+float32 without contracted multiply-adds (``enable_fp_fusion=False``) where torch rounds each
+step, ATen's fused multiply-add where it fuses (``add_(x, alpha=)``), integers where Pillow uses
+integers, correctly rounded divisions. tests/test_fused_color.py compares both kernels with
+torchvision, in Triton's interpreter on the CPU and compiled on the GPU.
 
-Where Triton is missing or the kernel fails to build, ``color.py``'s torch ops run instead
-(logged once); ``DALI_AUTOPROXY_TRITON=0`` asks for them.
+Where Triton is missing or a kernel fails to build, the torch ops run instead (logged once);
+``DALI_AUTOPROXY_TRITON=0`` asks for them.
 """
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def _load():
     except Exception as e:  # noqa: BLE001 - any import failure means: use the torch ops
         log.info("Triton is not available (%s): ColorJitter runs as torch ops", e)
         return None
-    from ._triton_color import jitter
-    _KERNEL = jitter
+    from . import _triton_color
+    _KERNEL = _triton_color
     return _KERNEL
 
 
@@ -61,20 +62,53 @@ def color_jitter(x: torch.Tensor, order: np.ndarray, factors: torch.Tensor, shif
     (0 brightness, 1 contrast, 2 saturation, 3 hue, -1 none); factors: [B, 3] float32; shift:
     [B] int32 hue shifts; tables: ``hue_tables(device)``. Returns a new contiguous batch, or
     None if the kernel failed (the caller then runs the torch ops)."""
-    kernel = _load()
+    kernel = _load().jitter
     b, c, h, w = x.shape
     out = torch.empty((b, c, h, w), dtype=torch.float32, device=x.device)
-    order_t = torch.as_tensor(np.ascontiguousarray(order, dtype=np.int32))
-    if x.is_cuda:
-        order_t = order_t.pin_memory().to(x.device, non_blocking=True)
+    order_t = _to_device(torch.from_numpy(np.ascontiguousarray(order, dtype=np.int32)), x)
     to_hs, to_rgb = tables
     sb, sc, sh, sw = x.stride()
+    return _launch(kernel, b, x, out, order_t, factors.contiguous(), shift.contiguous(), to_hs, to_rgb,
+                   w, h * w, sb, sc, sh, sw)
+
+
+def tensor_fits(x: torch.Tensor) -> bool:
+    """Whether torchvision v2's tensor ColorJitter on this batch is what the fused kernel
+    computes: RGB, and few enough pixels that the mean of the grey (whole numbers) is an exact
+    float32 sum, whatever order torch sums in."""
+    h, w = x.shape[2], x.shape[3]
+    return x.shape[1] == 3 and 2 <= h * w and h * w * 255 < 2 ** 24
+
+
+def tensor_color_jitter_v2(x: torch.Tensor, order: np.ndarray, factors: np.ndarray) -> Optional[torch.Tensor]:
+    """x: [B, 3, H, W] float32 holding uint8 values (``tensor_fits``); order: host int [B, 4];
+    factors: host float64 [B, 4] (brightness, contrast, saturation, hue factor as drawn).
+    torchvision v2's adjust_*_image on uint8 images, each sample in its order. None if the
+    kernel failed (the caller then runs the torch ops)."""
+    kernel = _load().tensor_jitter_v2
+    b, c, h, w = x.shape
+    factors = np.asarray(factors, dtype=np.float64)
+    alphas = (1.0 - factors[:, 1:3]).astype(np.float32)  # add_(other, alpha=1.0 - ratio)
+    host = [np.ascontiguousarray(order, dtype=np.int32), factors.astype(np.float32), alphas]
+    order_t, factors_t, alphas_t = [_to_device(torch.from_numpy(np.ascontiguousarray(a)), x) for a in host]
+    out = torch.empty((b, c, h, w), dtype=torch.float32, device=x.device)
+    sb, sc, sh, sw = x.stride()
+    return _launch(kernel, b, x, out, order_t, factors_t, alphas_t, w, h * w, sb, sc, sh, sw,
+                   MEAN_BY_DIVISION=not x.is_cuda)
+
+
+def _to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return t.pin_memory().to(like.device, non_blocking=True) if like.is_cuda else t
+
+
+def _launch(kernel, programs: int, *args, **constants) -> Optional[torch.Tensor]:
+    """One program per sample; the output (args[1]), or None after a failure (logged once;
+    the torch ops serve from then on)."""
     try:
-        kernel[(b,)](x, out, order_t, factors.contiguous(), shift.contiguous(), to_hs, to_rgb,
-                     w, h * w, sb, sc, sh, sw, BLOCK=1024, num_warps=8, enable_fp_fusion=False)
+        kernel[(programs,)](*args, BLOCK=1024, num_warps=8, enable_fp_fusion=False, **constants)
     except Exception as e:  # noqa: BLE001 - a build or launch failure must not stop training
         _STATE["usable"] = False
-        log.warning("the fused ColorJitter kernel failed (%s: %s): ColorJitter runs as torch ops",
+        log.warning("the fused colour kernel failed (%s: %s): ColorJitter runs as torch ops",
                     type(e).__name__, e)
         return None
-    return out
+    return args[1]

@@ -9,6 +9,7 @@ import torch
 
 from ..ir import TensorColorJitter, jitter_order
 from ..tv_internals import tensor_jitter_module
+from . import fused_color
 from .registry import Batch, kernel, update_rows, upload
 
 
@@ -91,4 +92,9 @@ def tensor_color_jitter(x: torch.Tensor, op: TensorColorJitter, host, integer: b
 
 @kernel(TensorColorJitter)
 def _tensor_color_jitter(x: torch.Tensor, op: TensorColorJitter, batch: Batch) -> torch.Tensor:
+    if op.api == "v2" and batch.integer and fused_color.tensor_fits(x) and fused_color.usable(x):
+        out = fused_color.tensor_color_jitter_v2(x, jitter_order(batch.host, op),
+                                                 batch.host[:, op.slot + 4:op.slot + 8])
+        if out is not None:  # one Triton kernel per batch, the same values
+            return out
     return tensor_color_jitter(x, op, batch.host, batch.integer)
