@@ -1,6 +1,7 @@
-"""The fused ColorJitter kernels (torch_stage/fused_color.py) give torchvision's values: on PIL
+"""The fused kernels (torch_stage/fused_color.py) give torchvision's values: ColorJitter on PIL
 images (Pillow's maths) and on uint8 tensors (v2's adjust_*_image), per sample in its drawn
-order of brightness, contrast, saturation and hue, on photographs and on noise, at sizes that
+order of brightness, contrast, saturation and hue, and every policy operation of
+TrivialAugmentWide / RandAugment / AutoAugment on PIL images, on photographs and on noise, at sizes that
 end mid-block, from strided batches. On the CPU the kernel runs in Triton's
 interpreter (a subprocess, so no other test sees an interpreted kernel); on a GPU, compiled."""
 from __future__ import annotations
@@ -117,6 +118,41 @@ def check_tensor_v2(device: str) -> dict:
     return report
 
 
+POLICY_CASES = {"ShearX": [-0.3, 0.2], "ShearY": [0.25], "TranslateX": [-9.0, 5.0], "TranslateY": [7.0],
+                "Rotate": [-30.0, 12.5, 90.0], "Brightness": [-0.5, 0.7], "Color": [0.9, -0.9],
+                "Contrast": [0.5, -0.3], "Sharpness": [0.9, -0.8], "Posterize": [2, 5, 8],
+                "Solarize": [128.0, 77.5, 0.0, 255.0], "AutoContrast": [0.0], "Equalize": [0.0], "Invert": [0.0],
+                "Identity": [0.0]}
+
+
+def check_augment(device: str) -> dict:
+    """The policy kernel (TrivialAugmentWide / RandAugment / AutoAugment on PIL images, nearest)
+    against torchvision's own _apply_op on PIL images and the torch-op path, every operation."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.autoaugment import _apply_op
+    from dali_autoproxy.ir import AUGMENT_OPS, Augment
+    from dali_autoproxy.torch_stage import fused_color, policies
+    rng = np.random.default_rng(5)
+    report = {"fused": fused_color._load() is not None, "cases": []}
+    op = Augment(slot=0, fill=(0.0, 0.0, 0.0))
+    for size in [(37, 41), (24, 70)]:
+        base = _samples(rng, size)
+        rows = [(name, m, k) for name, ms in POLICY_CASES.items() for m in ms for k in range(len(base))]
+        imgs = np.stack([base[k] for _, _, k in rows])
+        host = np.array([[AUGMENT_OPS.index(name), m] for name, m, _ in rows], dtype=np.float64)
+        x = torch.from_numpy(imgs).to(device).permute(0, 3, 1, 2).to(torch.float32)
+        fused = fused_color.augment_pil(x, op, host)
+        ops = policies.augment(x.clone(), op, host)
+        want = np.stack([np.asarray(_apply_op(Image.fromarray(im), name, m, InterpolationMode.NEAREST, None))
+                         for im, (name, m, _) in zip(imgs, rows)])
+        got = fused.permute(0, 2, 3, 1).cpu().numpy()
+        wrong = sorted({rows[i][0] for i in np.flatnonzero((got != want).any((1, 2, 3)))})
+        report["cases"].append({"size": size, "contiguous": fused.is_contiguous(),
+                                "equal_to_torchvision": not wrong, "operations_differing": wrong,
+                                "equal_to_torch_ops": bool((fused == ops).all())})
+    return report
+
+
 def _assert_exact(report: dict) -> None:
     assert report["fused"], "the Triton kernel did not load"
     for case in report["cases"]:
@@ -134,9 +170,8 @@ def test_fused_color_jitter_in_tritons_interpreter_equals_torchvision():
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "cpu"], capture_output=True, text=True,
                          timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    pil, tensor_v2 = json.loads(out.stdout.strip().splitlines()[-1])
-    _assert_exact(pil)
-    _assert_exact(tensor_v2)
+    for report in json.loads(out.stdout.strip().splitlines()[-1]):  # PIL jitter, v2 tensor jitter, policies
+        _assert_exact(report)
 
 
 @pytest.mark.gpu
@@ -145,6 +180,7 @@ def test_fused_color_jitter_on_the_gpu_equals_torchvision():
     assert fused_color.usable(torch.zeros(1, device="cuda"))
     _assert_exact(check("cuda"))
     _assert_exact(check_tensor_v2("cuda"))
+    _assert_exact(check_augment("cuda"))
 
 
 def test_without_cuda_the_stage_keeps_the_torch_ops():
@@ -153,4 +189,4 @@ def test_without_cuda_the_stage_keeps_the_torch_ops():
 
 
 if __name__ == "__main__":
-    print(json.dumps([check(sys.argv[1]), check_tensor_v2(sys.argv[1])]))
+    print(json.dumps([check(sys.argv[1]), check_tensor_v2(sys.argv[1]), check_augment(sys.argv[1])]))

@@ -112,3 +112,51 @@ def _launch(kernel, programs: int, *args, **constants) -> Optional[torch.Tensor]
                     type(e).__name__, e)
         return None
     return args[1]
+
+
+def augment_pil(x: torch.Tensor, op, host: np.ndarray) -> Optional[torch.Tensor]:
+    """One policy operation per sample on PIL-image values (``policies.augment``'s arithmetic),
+    one program per sample. x: [B, 3, H, W] float32 whole numbers; op: ir.Augment (nearest);
+    host: the params rows. None if the kernel failed (the caller then runs the torch ops)."""
+    from ..ir import AUGMENT_OPS
+    from .geometry import affine_tables
+    from .policies import GEOMETRIC, policy_matrix
+    module = _load()
+    kinds = {name: k for k, name in enumerate(module.AUG_KINDS)}
+    b, c, h, w = x.shape
+    codes = host[:, op.slot].astype(np.int64)
+    mags = np.asarray(host[:, op.slot + 1], dtype=np.float64)
+    names = [AUGMENT_OPS[k] for k in codes]
+    kind = np.zeros(b, dtype=np.int32)
+    fparam = np.zeros(b, dtype=np.float32)
+    iparam = np.full(b, 255, dtype=np.int32)
+    simple = {"Brightness": "brightness", "Contrast": "contrast", "Color": "color", "Sharpness": "sharpness",
+              "Posterize": "posterize", "Solarize": "solarize", "AutoContrast": "autocontrast",
+              "Equalize": "equalize", "Invert": "invert", "Identity": "copy"}
+    geometric = []
+    for i, (name, v) in enumerate(zip(names, mags)):
+        if name in GEOMETRIC:
+            geometric.append(i)
+            continue
+        kind[i] = kinds[simple[name]]
+        if name in ("Brightness", "Contrast", "Color", "Sharpness"):
+            fparam[i] = 1.0 + v  # float32, as the torch ops take the factor
+        elif name == "Posterize":
+            iparam[i] = (0xFF << (8 - int(v))) & 0xFF
+        elif name == "Solarize":  # x >= v for whole numbers x
+            fparam[i] = min(max(np.ceil(v), -1.0), 256.0)
+    fixed = np.zeros((b, 6), dtype=np.int64)
+    xs, ys = np.zeros((b, w), dtype=np.int32), np.zeros((b, h), dtype=np.int32)
+    if geometric:
+        rows = np.asarray(geometric)
+        f, is_fixed, gx, gy = affine_tables([policy_matrix(names[i], mags[i], w, h) for i in rows], w, h)
+        fixed[rows], xs[rows], ys[rows] = f, gx, gy
+        kind[rows] = np.where(is_fixed, kinds["warp_fixed"], kinds["warp_scale"])
+    fill = [float(v) for v in op.fill] * (3 if len(op.fill) == 1 else 1)
+    k1, k5 = float(torch.tensor(1.0) / 13.0), float(torch.tensor(5.0) / 13.0)  # as filters.smooth
+    args = [_to_device(torch.from_numpy(a), x) for a in (kind, fparam, iparam, fixed, xs, ys,
+                                                          np.asarray(fill[:3], dtype=np.float32))]
+    out = torch.empty((b, c, h, w), dtype=torch.float32, device=x.device)
+    lut = torch.empty((b, 3, 256), dtype=torch.int32, device=x.device)
+    sb, sc, sh, sw = x.stride()
+    return _launch(module.augment_pil, b, x, out, *args[:6], lut, args[6], w, h, h * w, sb, sc, sh, sw, k1, k5)

@@ -30,18 +30,7 @@ def warp(x: torch.Tensor, matrices, fill: Sequence[float]) -> torch.Tensor:
     or its 16.16 fixed-point path (integers, exact on the device); outside: ``fill``. The host
     part is vectorised over the batch with the C's operation order (accumulate is sequential)."""
     b, c, h, w = x.shape
-    a = np.asarray(matrices, dtype=np.float64).reshape(b, 6)
-    a0, a1, a2, a3, a4, a5 = (a[:, k:k + 1] for k in range(6))
-    is_fixed = ~((a[:, 1] == 0) & (a[:, 3] == 0))  # else ImagingScaleAffine
-    xs = _coord(np.add.accumulate(np.concatenate([a2 + a0 * 0.5, np.repeat(a0, w - 1, 1)], 1), axis=1))
-    ys = _coord(np.add.accumulate(np.concatenate([a5 + a4 * 0.5, np.repeat(a4, h - 1, 1)], 1), axis=1))
-    px, py = np.array([[0.0, w, 0.0, w]]), np.array([[0.0, h, h, 0.0]])  # the corners Pillow checks
-    in_range = (np.abs(px * a0 + py * a1 + a2) < 32768.0) & (np.abs(px * a3 + py * a4 + a5) < 32768.0)
-    if not in_range[is_fixed].all():
-        raise ValueError("affine matrix outside Pillow's fixed-point range")  # replayed by PIL
-    fixed = np.floor(np.concatenate([a0, a1, a2 + a0 * 0.5 + a1 * 0.5, a3, a4, a5 + a3 * 0.5 + a4 * 0.5], 1)
-                     * 65536.0 + 0.5)
-    fixed = np.where(is_fixed[:, None], fixed, 0).astype(np.int64)
+    fixed, is_fixed, xs, ys = affine_tables(matrices, w, h)
     dev = x.device
     f = upload(fixed, dev).view(b, 6, 1, 1)
     row = torch.arange(h, device=dev, dtype=torch.int64).view(1, h, 1)
@@ -54,6 +43,26 @@ def warp(x: torch.Tensor, matrices, fill: Sequence[float]) -> torch.Tensor:
         yin = torch.where(scale_only, upload(ys, dev).view(b, h, 1), yin)
     inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
     return torch.where(inside.unsqueeze(1), _gather(x, yin, xin), constant(fill, dev, x.dtype))
+
+
+def affine_tables(matrices, w: int, h: int):
+    """The host part of ``warp`` for [B, 6] inverse matrices: Pillow's 16.16 fixed-point matrices
+    (int64 [B, 6]), which samples take that path (else the scale-only one), and the scale-only
+    path's column and row tables (int64 [B, W], [B, H]). Raises ValueError where Pillow's
+    fixed-point range is exceeded (PIL then replays the batch)."""
+    a = np.asarray(matrices, dtype=np.float64).reshape(-1, 6)
+    a0, a1, a2, a3, a4, a5 = (a[:, k:k + 1] for k in range(6))
+    is_fixed = ~((a[:, 1] == 0) & (a[:, 3] == 0))  # else ImagingScaleAffine
+    xs = _coord(np.add.accumulate(np.concatenate([a2 + a0 * 0.5, np.repeat(a0, w - 1, 1)], 1), axis=1))
+    ys = _coord(np.add.accumulate(np.concatenate([a5 + a4 * 0.5, np.repeat(a4, h - 1, 1)], 1), axis=1))
+    px, py = np.array([[0.0, w, 0.0, w]]), np.array([[0.0, h, h, 0.0]])  # the corners Pillow checks
+    in_range = (np.abs(px * a0 + py * a1 + a2) < 32768.0) & (np.abs(px * a3 + py * a4 + a5) < 32768.0)
+    if not in_range[is_fixed].all():
+        raise ValueError("affine matrix outside Pillow's fixed-point range")  # replayed by PIL
+    fixed = np.floor(np.concatenate([a0, a1, a2 + a0 * 0.5 + a1 * 0.5, a3, a4, a5 + a3 * 0.5 + a4 * 0.5], 1)
+                     * 65536.0 + 0.5)
+    fixed = np.where(is_fixed[:, None], fixed, 0).astype(np.int64)
+    return fixed, is_fixed, xs, ys
 
 
 def perspective(x: torch.Tensor, coeffs, fill: Sequence[float], bilinear: bool) -> torch.Tensor:

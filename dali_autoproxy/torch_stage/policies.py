@@ -14,16 +14,17 @@ from .color import autocontrast, blend, blend_step, equalize
 from .filters import smooth
 from .geometry import perspective, warp
 from ..tv_internals import rotation_matrix
+from . import fused_color
 from .registry import Batch, kernel, update_rows, upload
 
 
-_GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
 
 
 _BLENDS = {"Brightness": 0, "Contrast": 1, "Color": 2}  # blend_step's codes
 
 
-def _policy_matrix(name: str, v: float, w: int, h: int) -> List[float]:
+def policy_matrix(name: str, v: float, w: int, h: int) -> List[float]:
     """The inverse matrix torchvision's _apply_op hands to Pillow for a geometric operation."""
     from torchvision.transforms.functional import _get_inverse_affine_matrix
     if name == "Rotate":
@@ -46,7 +47,7 @@ def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
     groups: dict = {}
     for i, name in enumerate(names):
         if name != "Identity":
-            key = "warp" if name in _GEOMETRIC else "blend" if name in _BLENDS else name
+            key = "warp" if name in GEOMETRIC else "blend" if name in _BLENDS else name
             groups.setdefault(key, []).append(i)
     for key, rows in groups.items():
         x = update_rows(x, rows, lambda sub, _, key=key, rows=rows: _operation(sub, key, rows, names, mags, op))
@@ -58,7 +59,7 @@ def _operation(sub: torch.Tensor, key: str, rows: List[int], names: List[str], m
     h, w, dev = sub.shape[2], sub.shape[3], sub.device
     m = mags[rows]
     if key == "warp":
-        matrices = [_policy_matrix(names[i], mags[i], w, h) for i in rows]
+        matrices = [policy_matrix(names[i], mags[i], w, h) for i in rows]
         if op.bilinear:  # Pillow's generic transform: an affine one is a perspective one with g = h = 0
             return perspective(sub, [m + [0.0, 0.0] for m in matrices], op.fill, True)
         return warp(sub, matrices, op.fill)
@@ -84,5 +85,9 @@ def _operation(sub: torch.Tensor, key: str, rows: List[int], names: List[str], m
 
 @kernel(Augment)
 def _augment(x: torch.Tensor, op: Augment, batch: Batch) -> torch.Tensor:
+    if not op.bilinear and x.shape[1] == 3 and fused_color.usable(x):
+        out = fused_color.augment_pil(x, op, batch.host)  # one Triton kernel, the same values
+        if out is not None:
+            return out
     return augment(x, op, batch.host)
 
