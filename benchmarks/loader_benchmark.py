@@ -19,7 +19,10 @@ Modes (each on the same corpus, batch size, workers and transforms):
                    transforms on the GPU tensors
 
 Every batch is moved to the GPU (when there is one) as a training loop would; the first
---warmup batches of each run are not timed. CPU time is the process tree's (main, DALI
+--warmup batches of each run are not timed. By default that is the deepest queue of the modes
+(autoproxy's look-ahead, the hand-written proxy's 2 batches per worker), at most half the epoch:
+a loader that queues k batches ahead has done part of their work before a shorter warm-up
+ends, which would count work done before the timer started. CPU time is the process tree's (main, DALI
 threads and the joined workers) per 1,000 images.
 
     python benchmarks/loader_benchmark.py --images 8192 --workers 4 8 15 --out benchmarks/results/h200.json
@@ -76,6 +79,14 @@ def tv_transform(kind: str, m=None):
 def cpu_seconds() -> float:
     s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def auto_warmup(workers: int, n_batches: int) -> int:
+    """Batches to leave untimed: as many as the deepest queue ahead of the loop (autoproxy's
+    look-ahead + 1, the hand-written proxy's prefetch of 2 per worker), at most half the epoch."""
+    from dali_autoproxy.loader import LOOKAHEAD
+    depth = max(LOOKAHEAD + 1, 2 * max(1, workers))
+    return max(3, min(depth, n_batches // 2))
 
 
 def consume(batches, device: str, warmup: int):
@@ -257,7 +268,8 @@ def main(argv=None):
     ap.add_argument("--pipelines", nargs="+", default=["train", "eval"], choices=PIPELINES)
     ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy", "dali_proxy", "dali_native"],
                     choices=["torchvision", "autoproxy", "dali_proxy", "dali_native", "decode_jpeg_gpu"])
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="batches not timed (default: the deepest queue of the modes, at most half the epoch)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode, interleaved; the median is reported")
     ap.add_argument("--tv-repeat", type=int, default=1, help="runs of the (slow) torchvision mode")
     ap.add_argument("--epochs", type=int, default=1, help="epochs per run for the DALI modes")
@@ -296,7 +308,8 @@ def main(argv=None):
                 n, dt = 0, 0.0
                 try:
                     for _ in range(1 if mode == "torchvision" else a.epochs):
-                        ni, di = runners[mode](a.data, kind, w, batch, a.warmup, a.device, threads)
+                        warm = a.warmup if a.warmup is not None else auto_warmup(w, a.images // batch)
+                        ni, di = runners[mode](a.data, kind, w, batch, warm, a.device, threads)
                         n, dt = n + ni, dt + di
                 except Exception as exc:  # one mode failing must not lose the others' figures
                     print(json.dumps({"pipeline": kind, "mode": mode, "workers": w, "batch": batch,

@@ -77,3 +77,14 @@ def test_distributed_summary_reports_medians_and_modes_not_run():
     table = summarize(rows, argparse.Namespace(ranks=[1, 2], workers=8))
     assert "| 1 | 8 | 3 | - | 100 (90-120) | - | - / 1.00x |" in table
     assert "| 2 | 8 | 2 | - | 195 (190-200) | - | - / 1.95x |" in table
+
+
+def test_loader_benchmark_leaves_the_deepest_queue_untimed():
+    """A loader that queues k batches ahead has worked on them before a shorter warm-up ends."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from loader_benchmark import auto_warmup
+    from dali_autoproxy.loader import LOOKAHEAD
+    assert auto_warmup(8, 256) == max(LOOKAHEAD + 1, 16)
+    assert auto_warmup(15, 256) == max(LOOKAHEAD + 1, 30)
+    assert auto_warmup(8, 10) == 5  # at most half the epoch
+    assert auto_warmup(0, 2) == 3
