@@ -40,7 +40,8 @@ def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
     """One policy operation per sample (torchvision's _apply_op on PIL images). Samples are
     grouped by kernel: every geometric operation is one warp (a matrix per sample), the three
     blends one blend pass, the others a group each; a group is gathered, computed and written
-    back. Few groups matter: the stage runs on the main thread, and each costs launches."""
+    back. Few groups matter: each costs launches, and the stage's thread pays for them (where Triton
+    runs, fused_color.augment_pil does the whole batch in one kernel)."""
     codes = host[:, op.slot].astype(np.int64)
     mags = host[:, op.slot + 1].astype(np.float64)
     names = [AUGMENT_OPS[c] for c in codes]

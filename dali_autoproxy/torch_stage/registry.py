@@ -37,7 +37,7 @@ kernel = TORCH_KERNELS.register
 def upload(values, device: torch.device, dtype=None) -> torch.Tensor:
     """Host numbers onto ``device`` without stopping the host: through pinned memory, queued on
     the current stream. (A pageable copy waits for all queued GPU work, and the stage makes a
-    few per batch: every one of them would serialise the main thread with the GPU.)"""
+    few per batch: every one of them would serialise the stage's thread with the GPU.)"""
     t = torch.as_tensor(np.asarray(values), dtype=dtype)
     if device.type != "cuda":
         return t

@@ -3,7 +3,7 @@ ToImage): torchvision's own tensor arithmetic, batched.
 
 Samples that drew the same operation and magnitude could simply share one call of
 torchvision's kernel (what v1 tensors get). That is a group per magnitude, and each group costs
-its launches on the main thread. For v2 the stage goes further, keeping v2's arithmetic:
+its launches on the stage's thread. For v2 the stage goes further, keeping v2's arithmetic:
 - every geometric operation (shears, translations, rotations) is one ``grid_sample`` over all
   the samples that drew one, each with the grid v2's own ``_affine_grid`` builds for its matrix
   (grids cached by operation, magnitude and size);

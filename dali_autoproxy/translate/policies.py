@@ -208,6 +208,6 @@ def auto_augment_v2(t, state: ChainState, alloc) -> Step:
 @register(T.AugMix, v2.AugMix)
 def aug_mix(t, state: ChainState, alloc) -> Step:
     raise Unsupported(f"{transform_name(t)} mixes chains of torchvision's *tensor* kernels (bilinear "
-                      "warps, float mixing) drawn per sample; replayed per sample on the main thread "
+                      "warps, float mixing) drawn per sample; replayed per sample in the main process "
                       "they would be slower than in the workers, so it runs there (TrivialAugmentWide, "
                       "RandAugment and AutoAugment are translated)")
