@@ -84,8 +84,8 @@ def cpu_seconds() -> float:
 def auto_warmup(workers: int, n_batches: int) -> int:
     """Batches to leave untimed: as many as the deepest queue ahead of the loop (autoproxy's
     look-ahead + 1, the hand-written proxy's prefetch of 2 per worker), at most half the epoch."""
-    from dali_autoproxy.loader import LOOKAHEAD
-    depth = max(LOOKAHEAD + 1, 2 * max(1, workers))
+    from dali_autoproxy.config import resolve_options
+    depth = max(resolve_options().lookahead + 1, 2 * max(1, workers))
     return max(3, min(depth, n_batches // 2))
 
 

@@ -18,17 +18,20 @@ __all__ = ["enable", "disable", "register_equivalent", "is_enabled", "report", "
 
 
 def enable(*, device: Optional[str] = None, output: Optional[str] = None,
-           log_level: Optional[str] = None, fidelity: Optional[str] = None) -> None:
+           log_level: Optional[str] = None, fidelity: Optional[str] = None,
+           lookahead: Optional[int] = None) -> None:
     """Patch torch's DataLoader so recognised torchvision transforms run in DALI.
 
     device: "auto" (GPU when CUDA and DALI are usable, else plain torchvision), "gpu", or
     "cpu" (DALI's CPU backend). output: "auto" (where DALI ran) or "cpu". log_level: a
     logging level name. fidelity: "exact" (torchvision's arithmetic) or "fast" (ColorJitter
     by DALI's own colour operator, with torchvision's draws: faster, approximate; its PSNR is
-    in docs/benchmarks.md). Each falls back to DALI_AUTOPROXY_DEVICE / _OUTPUT / _LOG /
-    _FIDELITY. Calling it again only updates the options.
+    in docs/benchmarks.md). lookahead: batches queued to DALI ahead of the one the loop waits
+    for (default 16; fewer hold less GPU memory, more keep decode-bound loaders busier). Each
+    falls back to DALI_AUTOPROXY_DEVICE / _OUTPUT / _LOG / _FIDELITY / _LOOKAHEAD. Calling it
+    again only updates the options.
     """
-    options = resolve_options(device, output, log_level, fidelity)
+    options = resolve_options(device, output, log_level, fidelity, lookahead=lookahead)
     configure_logging(options.log_level)
     if options.device != "cpu":  # before torchvision loads its older copy (see nvjpeg.py)
         from .nvjpeg import preload

@@ -27,11 +27,7 @@ from .planning import Plan, build_plan, walk
 from .translate import flatten, transform_name
 from .transport import ENCODED, RAW, ProxyBatch, ProxyGroup
 
-# Batches handed to DALI ahead of the one the loop is waiting for; DALI's queue is as deep (as
-# DALI's proxy documentation sizes it: 2 per worker at 8 workers). On the H200, 4 -> 16 took
-# train at 2 workers from 8.1k to 12.2k img/s, heavy at 8 from 15.5k to 17.9k, large photos at
-# 15 workers from 3.1k to 5.3k.
-LOOKAHEAD = 16
+
 RunnerKey = Tuple[str, str]  # (plan key, input kind)
 NOTHING_ROUTED = ("no recognised chain was called with one image in __getitem__ (a joint image+target "
                   "transform, say): the batches are plain torchvision's")
@@ -209,17 +205,17 @@ class LoaderState:
             parts += [f"worker {100 * n / total:.0f}% ({why})" for why, n in rec["decoded_in_worker"].items()]
             rec["decode"] = "; ".join(parts)
 
-    def take_runner(self, plan: Plan, kind: str, batch_size: int, device: str):
+    def take_runner(self, plan: Plan, kind: str, batch_size: int, device: str, ahead: int):
         from .pipeline import DaliRunner
         with self.lock:
             pool = self.idle_runners[(plan.key, kind)]
             while pool:
                 runner = pool.pop()
-                if runner.batch_size == batch_size:
+                if runner.batch_size == batch_size and runner.ahead == ahead:
                     runner.drain()
                     return runner
         device_id = torch.cuda.current_device() if device == "gpu" else None
-        return DaliRunner(plan, kind, batch_size, device, device_id, ahead=LOOKAHEAD)
+        return DaliRunner(plan, kind, batch_size, device, device_id, ahead=ahead)
 
     def give_back(self, runners: Dict[RunnerKey, Any]) -> None:
         with self.lock:
@@ -244,7 +240,8 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
         batch_size = max_batch_size(loader)
         for plan in decision.plans.values():
             kind = RAW if plan.worker_prefix else ENCODED
-            state.give_back({(plan.key, kind): state.take_runner(plan, kind, batch_size, decision.device)})
+            state.give_back({(plan.key, kind): state.take_runner(plan, kind, batch_size, decision.device,
+                                                                 options.lookahead)})
     except Exception as exc:
         state.update(Decision(False, f"set-up failed ({exc.__class__.__name__}: {exc})",
                               worker_transforms=chain_names(loader.dataset)), options)
@@ -299,6 +296,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_out = output_device(decision.device, options)
         self._self_pin = bool(loader.pin_memory) and torch.cuda.is_available()
         self._self_batch_size = max_batch_size(loader)
+        self._self_lookahead = options.lookahead
         self._self_inflight: collections.deque = collections.deque()
         self._self_count = 0
         self._self_runners: Dict[RunnerKey, Any] = {}
@@ -324,7 +322,8 @@ class ProxiedIterator(wrapt.ObjectProxy):
             try:
                 if plan is None:
                     raise RuntimeError(f"no plan {group.key} was announced")
-                runner = state.take_runner(plan, group.kind, self._self_batch_size, self._self_device)
+                runner = state.take_runner(plan, group.kind, self._self_batch_size, self._self_device,
+                                           self._self_lookahead)
             except Exception as exc:
                 logger.warning("DataLoader #%d: no DALI pipeline for %s (%s): those samples are computed "
                                "by PIL and torchvision", state.record["loader"], group.key, exc)
@@ -346,7 +345,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
 
     def __next__(self):
         inflight = self._self_inflight
-        while len(inflight) < LOOKAHEAD + 1 and not (inflight and inflight[-1].error is not None):
+        while len(inflight) < self._self_lookahead + 1 and not (inflight and inflight[-1].error is not None):
             entry = self._self_pull()
             if entry is None:
                 break

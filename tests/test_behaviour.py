@@ -198,6 +198,17 @@ def test_bad_option_values_are_clear_errors(monkeypatch):
         dali_autoproxy.enable(output="gpu")
     with pytest.raises(ValueError, match=r"log_level='LOUD'"):
         dali_autoproxy.enable(log_level="LOUD")
+    for bad in (0, 65, 2.5, "4", True):
+        with pytest.raises(ValueError, match=r"lookahead=.*whole numbers 1 to 64"):
+            dali_autoproxy.enable(lookahead=bad)
+    monkeypatch.setenv("DALI_AUTOPROXY_LOOKAHEAD", "deep")
+    with pytest.raises(ValueError, match="DALI_AUTOPROXY_LOOKAHEAD='deep'"):
+        dali_autoproxy.enable()
+    monkeypatch.setenv("DALI_AUTOPROXY_LOOKAHEAD", " 6 ")
+    from dali_autoproxy.config import resolve_options
+    assert resolve_options().lookahead == 6 and resolve_options(lookahead=2).lookahead == 2
+    monkeypatch.delenv("DALI_AUTOPROXY_LOOKAHEAD")
+    assert resolve_options().lookahead == 16
     monkeypatch.setenv("DALI_AUTOPROXY_DEVICE", "quantum")
     with pytest.raises(ValueError, match="DALI_AUTOPROXY_DEVICE='quantum'"):
         dali_autoproxy.enable()

@@ -83,8 +83,8 @@ def test_loader_benchmark_leaves_the_deepest_queue_untimed():
     """A loader that queues k batches ahead has worked on them before a shorter warm-up ends."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from loader_benchmark import auto_warmup
-    from dali_autoproxy.loader import LOOKAHEAD
-    assert auto_warmup(8, 256) == max(LOOKAHEAD + 1, 16)
-    assert auto_warmup(15, 256) == max(LOOKAHEAD + 1, 30)
+    from dali_autoproxy.config import Options
+    assert auto_warmup(8, 256) == max(Options.lookahead + 1, 16)
+    assert auto_warmup(15, 256) == max(Options.lookahead + 1, 30)
     assert auto_warmup(8, 10) == 5  # at most half the epoch
     assert auto_warmup(0, 2) == 3

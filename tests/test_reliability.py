@@ -288,18 +288,17 @@ def test_interpreter_exit_with_live_loader_is_clean(photo_root, tmp_path):
 
 
 def test_batches_in_flight_are_bounded(photo_root):
-    """At most workers x prefetch_factor batches wait in the DataLoader, plus the few
-    autoproxy hands to DALI ahead of the loop."""
-    from dali_autoproxy.loader import LOOKAHEAD
+    """Batches wait in the DataLoader (workers x prefetch_factor) and in the look-ahead handed
+    to DALI: the look-ahead is used and bounded."""
     from dali_autoproxy.transport import ProxyBatch
     ds = image_folder(photo_root, TRAIN())
-    dali_autoproxy.enable(device="cpu", log_level="ERROR")
+    dali_autoproxy.enable(device="cpu", log_level="ERROR", lookahead=3)
     loader = DataLoader(ds, batch_size=2, num_workers=2, prefetch_factor=2)
     most = 0
     for _ in loader:
         time.sleep(0.05)  # a slow training step lets everything upstream fill up
         most = max(most, sum(isinstance(o, ProxyBatch) for o in gc.get_objects()))
-    assert most <= LOOKAHEAD + 1
+    assert 2 <= most <= 3 + 1
 
 
 # ------------------------------------------------------------------ loader options, ordering, seeds

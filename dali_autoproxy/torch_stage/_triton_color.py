@@ -4,11 +4,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _rgb(ptr, p, m, HW):
-    r = tl.load(ptr + p, mask=m, other=0.0)
-    g = tl.load(ptr + HW + p, mask=m, other=0.0)
-    b = tl.load(ptr + 2 * HW + p, mask=m, other=0.0)
+def _load_rgb(ptr, off, s_c, m):
+    """The three channels at element offsets ``off`` (channel stride ``s_c``)."""
+    r = tl.load(ptr + off, mask=m, other=0.0)
+    g = tl.load(ptr + s_c + off, mask=m, other=0.0)
+    b = tl.load(ptr + 2 * s_c + off, mask=m, other=0.0)
     return r, g, b
+
+
+@triton.jit
+def _store_rgb(img, p, m, HW, r, g, b):
+    """The three channels of a contiguous [3, H, W] sample at pixels ``p``."""
+    tl.store(img + p, r, mask=m)
+    tl.store(img + HW + p, g, mask=m)
+    tl.store(img + 2 * HW + p, b, mask=m)
 
 
 @triton.jit
@@ -28,10 +37,8 @@ def _blend_pass(img, d, f, HW, BLOCK: tl.constexpr):
     for start in range(0, HW, BLOCK):
         p = start + tl.arange(0, BLOCK)
         m = p < HW
-        r, g, b = _rgb(img, p, m, HW)
-        tl.store(img + p, _blend(d, f, r), mask=m)
-        tl.store(img + HW + p, _blend(d, f, g), mask=m)
-        tl.store(img + 2 * HW + p, _blend(d, f, b), mask=m)
+        r, g, b = _load_rgb(img, p, HW, m)
+        _store_rgb(img, p, m, HW, _blend(d, f, r), _blend(d, f, g), _blend(d, f, b))
 
 
 @triton.jit
@@ -54,7 +61,7 @@ def jitter(src, dst, order_ptr, factor_ptr, shift_ptr, to_hs, to_rgb,
             for start in range(0, HW, BLOCK):
                 p = start + tl.arange(0, BLOCK)
                 m = p < HW
-                r, g, b = _rgb(img, p, m, HW)
+                r, g, b = _load_rgb(img, p, HW, m)
                 ri, gi, bi = r.to(tl.int32), g.to(tl.int32), b.to(tl.int32)
                 hs = tl.load(to_hs + ((ri << 16) | (gi << 8) | bi), mask=m, other=0).to(tl.int32)
                 v = tl.maximum(ri, tl.maximum(gi, bi))
@@ -68,17 +75,15 @@ def jitter(src, dst, order_ptr, factor_ptr, shift_ptr, to_hs, to_rgb,
             for start in range(0, HW, BLOCK):
                 p = start + tl.arange(0, BLOCK)
                 m = p < HW
-                r, g, b = _rgb(img, p, m, HW)
+                r, g, b = _load_rgb(img, p, HW, m)
                 d = _luma(r, g, b).to(tl.float32)
-                tl.store(img + p, _blend(d, f, r), mask=m)
-                tl.store(img + HW + p, _blend(d, f, g), mask=m)
-                tl.store(img + 2 * HW + p, _blend(d, f, b), mask=m)
+                _store_rgb(img, p, m, HW, _blend(d, f, r), _blend(d, f, g), _blend(d, f, b))
         elif step == 1:  # contrast: a pass for the mean luma, then blend with it
             total = tl.zeros((), dtype=tl.int64)
             for start in range(0, HW, BLOCK):
                 p = start + tl.arange(0, BLOCK)
                 m = p < HW
-                r, g, b = _rgb(img, p, m, HW)
+                r, g, b = _load_rgb(img, p, HW, m)
                 total += tl.sum(tl.where(m, _luma(r, g, b), 0).to(tl.int64), axis=0)
             mean = ((total * 2 + HW) // (HW * 2)).to(tl.float32)  # int(mean + 0.5)
             _blend_pass(img, mean, tl.load(factor_ptr + n * 3 + 1), HW, BLOCK)
@@ -101,7 +106,8 @@ def _to_u8(v):  # clamp_(0, 255) then .to(torch.uint8): truncation
 def _fma(a, b, c):
     """a * b + c rounded once to float32, as ATen's add_(other, alpha) computes it: the float32
     product is exact in float64 (as the batched torch ops take it, in Triton's interpreter too)."""
-    return (tl.cast(a, tl.float64) * tl.cast(tl.cast(b, tl.float32), tl.float64) + tl.cast(c, tl.float64)).to(tl.float32)
+    product = tl.cast(a, tl.float64) * tl.cast(tl.cast(b, tl.float32), tl.float64)
+    return (product + tl.cast(c, tl.float64)).to(tl.float32)
 
 
 @triton.jit
@@ -182,16 +188,14 @@ def tensor_jitter_v2(src, dst, order_ptr, factor_ptr, alpha_ptr, W, HW, s_b, s_c
             for start in range(0, HW, BLOCK):
                 p = start + tl.arange(0, BLOCK)
                 m = p < HW
-                r, g, b = _rgb(img, p, m, HW)
-                tl.store(img + p, _to_u8(r * f), mask=m)
-                tl.store(img + HW + p, _to_u8(g * f), mask=m)
-                tl.store(img + 2 * HW + p, _to_u8(b * f), mask=m)
+                r, g, b = _load_rgb(img, p, HW, m)
+                _store_rgb(img, p, m, HW, _to_u8(r * f), _to_u8(g * f), _to_u8(b * f))
         elif step == 1:
             total = tl.zeros((), dtype=tl.float64)
             for start in range(0, HW, BLOCK):
                 p = start + tl.arange(0, BLOCK)
                 m = p < HW
-                r, g, b = _rgb(img, p, m, HW)
+                r, g, b = _load_rgb(img, p, HW, m)
                 total += tl.sum(tl.where(m, _gray_v2(r, g, b), 0.0).to(tl.float64), axis=0)
             count = HW.to(tl.float32)
             if MEAN_BY_DIVISION:  # the CPU's mean: sum, then div_(N)
@@ -205,21 +209,18 @@ def tensor_jitter_v2(src, dst, order_ptr, factor_ptr, alpha_ptr, W, HW, s_b, s_c
             for start in range(0, HW, BLOCK):
                 p = start + tl.arange(0, BLOCK)
                 m = p < HW
-                r, g, b = _rgb(img, p, m, HW)
+                r, g, b = _load_rgb(img, p, HW, m)
                 gray = _gray_v2(r, g, b)
-                tl.store(img + p, _mix_v2(r, gray, ratio, alpha), mask=m)
-                tl.store(img + HW + p, _mix_v2(g, gray, ratio, alpha), mask=m)
-                tl.store(img + 2 * HW + p, _mix_v2(b, gray, ratio, alpha), mask=m)
+                _store_rgb(img, p, m, HW, _mix_v2(r, gray, ratio, alpha), _mix_v2(g, gray, ratio, alpha),
+                           _mix_v2(b, gray, ratio, alpha))
         elif step == 3:
             hue = tl.load(factor_ptr + n * 4 + 3)
             for start in range(0, HW, BLOCK):
                 p = start + tl.arange(0, BLOCK)
                 m = p < HW
-                r, g, b = _rgb(img, p, m, HW)
+                r, g, b = _load_rgb(img, p, HW, m)
                 ro, go, bo = _hue_v2(r, g, b, hue)
-                tl.store(img + p, ro, mask=m)
-                tl.store(img + HW + p, go, mask=m)
-                tl.store(img + 2 * HW + p, bo, mask=m)
+                _store_rgb(img, p, m, HW, ro, go, bo)
         tl.debug_barrier()
 
 
@@ -228,10 +229,9 @@ def _mix_v2_pass(img, other, ratio, alpha, HW, BLOCK: tl.constexpr):
     for start in range(0, HW, BLOCK):
         p = start + tl.arange(0, BLOCK)
         m = p < HW
-        r, g, b = _rgb(img, p, m, HW)
-        tl.store(img + p, _mix_v2(r, other, ratio, alpha), mask=m)
-        tl.store(img + HW + p, _mix_v2(g, other, ratio, alpha), mask=m)
-        tl.store(img + 2 * HW + p, _mix_v2(b, other, ratio, alpha), mask=m)
+        r, g, b = _load_rgb(img, p, HW, m)
+        _store_rgb(img, p, m, HW, _mix_v2(r, other, ratio, alpha), _mix_v2(g, other, ratio, alpha),
+                   _mix_v2(b, other, ratio, alpha))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,21 +242,6 @@ AUG_KINDS = ("copy", "warp_fixed", "warp_scale", "brightness", "contrast", "colo
              "solarize", "autocontrast", "equalize", "invert")  # the host's codes, by index
 AUG_WARP_FIXED, AUG_WARP_SCALE, AUG_BRIGHTNESS, AUG_CONTRAST, AUG_COLOR, AUG_SHARPNESS, AUG_POSTERIZE, \
     AUG_SOLARIZE, AUG_AUTOCONTRAST, AUG_EQUALIZE, AUG_INVERT = (tl.constexpr(k) for k in range(1, 12))
-
-
-@triton.jit
-def _src_rgb(src, off, s_c, m):
-    r = tl.load(src + off, mask=m, other=0.0)
-    g = tl.load(src + s_c + off, mask=m, other=0.0)
-    b = tl.load(src + 2 * s_c + off, mask=m, other=0.0)
-    return r, g, b
-
-
-@triton.jit
-def _store_rgb(img, p, m, HW, r, g, b):
-    tl.store(img + p, r, mask=m)
-    tl.store(img + HW + p, g, mask=m)
-    tl.store(img + 2 * HW + p, b, mask=m)
 
 
 @triton.jit
@@ -310,7 +295,7 @@ def augment_pil(src, dst, kind_ptr, fparam_ptr, iparam_ptr, fixed_ptr, xs_ptr, y
                 yin = tl.load(ys_ptr + n * H + row, mask=m, other=0).to(tl.int64)
             inside = (xin >= 0) & (xin < W) & (yin >= 0) & (yin < H)
             off = tl.where(inside, yin, 0) * s_h + tl.where(inside, xin, 0) * s_w
-            r, g, b = _src_rgb(src_n, off, s_c, m & inside)
+            r, g, b = _load_rgb(src_n, off, s_c, m & inside)
             _store_rgb(img, p, m, HW, tl.where(inside, r, fill_r), tl.where(inside, g, fill_g),
                        tl.where(inside, b, fill_b))
     elif (kind == AUG_BRIGHTNESS) | (kind == AUG_CONTRAST) | (kind == AUG_COLOR):
@@ -321,13 +306,13 @@ def augment_pil(src, dst, kind_ptr, fparam_ptr, iparam_ptr, fixed_ptr, xs_ptr, y
             for start in range(0, HW, BLOCK):
                 p = start + tl.arange(0, BLOCK)
                 m = p < HW
-                r, g, b = _src_rgb(src_n, (p // W) * s_h + (p % W) * s_w, s_c, m)
+                r, g, b = _load_rgb(src_n, (p // W) * s_h + (p % W) * s_w, s_c, m)
                 total += tl.sum(tl.where(m, _luma(r, g, b), 0).to(tl.int64), axis=0)
             mean = ((total * 2 + HW) // (HW * 2)).to(tl.float32)
         for start in range(0, HW, BLOCK):
             p = start + tl.arange(0, BLOCK)
             m = p < HW
-            r, g, b = _src_rgb(src_n, (p // W) * s_h + (p % W) * s_w, s_c, m)
+            r, g, b = _load_rgb(src_n, (p // W) * s_h + (p % W) * s_w, s_c, m)
             d = tl.where(kind == AUG_COLOR, _luma(r, g, b).to(tl.float32), mean)
             _store_rgb(img, p, m, HW, _blend(d, f, r), _blend(d, f, g), _blend(d, f, b))
     elif kind == AUG_SHARPNESS:
