@@ -297,10 +297,10 @@ class _Inputs:
 class _PipelineThread:
     """The one thread that touches a pipeline once it is built, as DALI's own proxy server
     does: it feeds and runs every batch as soon as it is queued, and collects the oldest (DALI's
-    outputs, then the torch stage) once the loader has its look-ahead queued behind it. So the stage's launches and
-    the feeding overlap the main thread's work on the next batches, and DALI's outputs() call,
-    which has no timeout, never blocks the loader (it waits on the batch with one). A daemon:
-    a pipeline stuck for good never holds up interpreter exit."""
+    outputs, then the torch stage) once the loader has its look-ahead queued behind it. So the
+    stage's launches and the feeding overlap the main thread's work on the next batches, and
+    DALI's outputs() call, which has no timeout, never blocks the loader (it waits on the batch
+    with one). A daemon: a pipeline stuck for good never holds up interpreter exit."""
 
     def __init__(self, inputs: _Inputs, feeds, stage: Optional[TorchStage], device_id: Optional[int]) -> None:
         self._commands: "queue.SimpleQueue" = queue.SimpleQueue()
