@@ -126,16 +126,19 @@ POLICY_CASES = {"ShearX": [-0.3, 0.2], "ShearY": [0.25], "TranslateX": [-9.0, 5.
 
 
 def check_augment(device: str) -> dict:
-    """The policy kernel (TrivialAugmentWide / RandAugment / AutoAugment on PIL images, nearest)
-    against torchvision's own _apply_op on PIL images and the torch-op path, every operation."""
+    """The policy kernel (TrivialAugmentWide / RandAugment / AutoAugment on PIL images, nearest
+    and bilinear, with a fill) against torchvision's own _apply_op on PIL images and the torch-op
+    path, every operation."""
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.autoaugment import _apply_op
     from dali_autoproxy.ir import AUGMENT_OPS, Augment
     from dali_autoproxy.torch_stage import fused_color, policies
     rng = np.random.default_rng(5)
     report = {"fused": fused_color._load() is not None, "cases": []}
-    op = Augment(slot=0, fill=(0.0, 0.0, 0.0))
-    for size in [(37, 41), (24, 70)]:
+    for size, bilinear, fill in [((37, 41), False, None), ((24, 70), False, [255, 0, 128]), ((37, 41), True, None),
+                                 ((31, 29), True, [10, 200, 64])]:
+        op = Augment(slot=0, fill=tuple(float(v) for v in (fill or (0, 0, 0))), bilinear=bilinear)
+        mode = InterpolationMode.BILINEAR if bilinear else InterpolationMode.NEAREST
         base = _samples(rng, size)
         rows = [(name, m, k) for name, ms in POLICY_CASES.items() for m in ms for k in range(len(base))]
         imgs = np.stack([base[k] for _, _, k in rows])
@@ -143,11 +146,11 @@ def check_augment(device: str) -> dict:
         x = torch.from_numpy(imgs).to(device).permute(0, 3, 1, 2).to(torch.float32)
         fused = fused_color.augment_pil(x, op, host)
         ops = policies.augment(x.clone(), op, host)
-        want = np.stack([np.asarray(_apply_op(Image.fromarray(im), name, m, InterpolationMode.NEAREST, None))
+        want = np.stack([np.asarray(_apply_op(Image.fromarray(im), name, m, mode, fill))
                          for im, (name, m, _) in zip(imgs, rows)])
         got = fused.permute(0, 2, 3, 1).cpu().numpy()
         wrong = sorted({rows[i][0] for i in np.flatnonzero((got != want).any((1, 2, 3)))})
-        report["cases"].append({"size": size, "contiguous": fused.is_contiguous(),
+        report["cases"].append({"size": size, "bilinear": bilinear, "contiguous": fused.is_contiguous(),
                                 "equal_to_torchvision": not wrong, "operations_differing": wrong,
                                 "equal_to_torch_ops": bool((fused == ops).all())})
     return report

@@ -239,9 +239,10 @@ def _mix_v2_pass(img, other, ratio, alpha, HW, BLOCK: tl.constexpr):
 # the arithmetic of policies.py / color.py / filters.py / geometry.py, one program per sample.
 
 AUG_KINDS = ("copy", "warp_fixed", "warp_scale", "brightness", "contrast", "color", "sharpness", "posterize",
-             "solarize", "autocontrast", "equalize", "invert")  # the host's codes, by index
+             "solarize", "autocontrast", "equalize", "invert", "warp_bilinear")  # the host's codes, by index
 AUG_WARP_FIXED, AUG_WARP_SCALE, AUG_BRIGHTNESS, AUG_CONTRAST, AUG_COLOR, AUG_SHARPNESS, AUG_POSTERIZE, \
-    AUG_SOLARIZE, AUG_AUTOCONTRAST, AUG_EQUALIZE, AUG_INVERT = (tl.constexpr(k) for k in range(1, 12))
+    AUG_SOLARIZE, AUG_AUTOCONTRAST, AUG_EQUALIZE, AUG_INVERT, AUG_WARP_BILINEAR = \
+    (tl.constexpr(k) for k in range(1, len(AUG_KINDS)))
 
 
 @triton.jit
@@ -263,11 +264,12 @@ def _sharpen(src, off, inner, s_h, s_w, v, f, k1, k5):
 
 
 @triton.jit
-def augment_pil(src, dst, kind_ptr, fparam_ptr, iparam_ptr, fixed_ptr, xs_ptr, ys_ptr, lut_ptr, fill_ptr,
+def augment_pil(src, dst, kind_ptr, fparam_ptr, iparam_ptr, fixed_ptr, xs_ptr, ys_ptr, coef_ptr, lut_ptr, fill_ptr,
                 W, H, HW, s_b, s_c, s_h, s_w, k1, k5, BLOCK: tl.constexpr):
     """dst[n] = the operation ``kind`` of sample n on src[n]: fparam is the blend or sharpness
     factor or the solarize threshold, iparam the posterize mask, fixed the 16.16 affine matrix,
-    xs/ys the scale-only path's tables, lut a scratch [B, 3, 256] for equalize."""
+    xs/ys the scale-only path's tables, coef the float64 affine matrix of a bilinear warp, lut a
+    scratch [B, 3, 256] for equalize."""
     n = tl.program_id(0).to(tl.int64)
     src_n = src + n * s_b
     img = dst + n * 3 * HW
@@ -298,6 +300,45 @@ def augment_pil(src, dst, kind_ptr, fparam_ptr, iparam_ptr, fixed_ptr, xs_ptr, y
             r, g, b = _load_rgb(src_n, off, s_c, m & inside)
             _store_rgb(img, p, m, HW, tl.where(inside, r, fill_r), tl.where(inside, g, fill_g),
                        tl.where(inside, b, fill_b))
+    elif kind == AUG_WARP_BILINEAR:  # geometry.perspective with g = h = 0, in float64
+        c0 = tl.load(coef_ptr + n * 6)
+        c1 = tl.load(coef_ptr + n * 6 + 1)
+        c2 = tl.load(coef_ptr + n * 6 + 2)
+        c3 = tl.load(coef_ptr + n * 6 + 3)
+        c4 = tl.load(coef_ptr + n * 6 + 4)
+        c5 = tl.load(coef_ptr + n * 6 + 5)
+        for start in range(0, HW, BLOCK):
+            p = start + tl.arange(0, BLOCK)
+            m = p < HW
+            colf = (p % W).to(tl.float64) + 0.5
+            rowf = (p // W).to(tl.float64) + 0.5
+            xin = (c0 * colf + c1 * rowf) + c2  # divided by a denominator of exactly 1
+            yin = (c3 * colf + c4 * rowf) + c5
+            inside = (xin >= 0.0) & (xin < W) & (yin >= 0.0) & (yin < H)
+            xs = tl.where(inside, xin, 0.5) - 0.5
+            ys = tl.where(inside, yin, 0.5) - 0.5
+            fx = tl.floor(xs)
+            fy = tl.floor(ys)
+            dx = xs - fx
+            dy = ys - fy
+            ix = fx.to(tl.int64)
+            iy = fy.to(tl.int64)
+            x0 = tl.minimum(tl.maximum(ix, 0), W - 1) * s_w
+            x1 = tl.minimum(tl.maximum(ix + 1, 0), W - 1) * s_w
+            y0 = tl.minimum(tl.maximum(iy, 0), H - 1) * s_h
+            y1 = tl.minimum(tl.maximum(iy + 1, 0), H - 1) * s_h
+            for ch in tl.static_range(3):
+                base = src_n + ch * s_c
+                top_l = tl.load(base + y0 + x0, mask=m, other=0.0).to(tl.float64)
+                top_r = tl.load(base + y0 + x1, mask=m, other=0.0).to(tl.float64)
+                bot_l = tl.load(base + y1 + x0, mask=m, other=0.0).to(tl.float64)
+                bot_r = tl.load(base + y1 + x1, mask=m, other=0.0).to(tl.float64)
+                v1 = top_l + (top_r - top_l) * dx
+                v2 = tl.where(iy + 1 < H, bot_l + (bot_r - bot_l) * dx, v1)
+                out = v1 + (v2 - v1) * dy
+                out = tl.where(out < 0.0, tl.ceil(out), tl.floor(out))  # trunc
+                fill = tl.load(fill_ptr + ch)
+                tl.store(img + ch * HW + p, tl.where(inside, out.to(tl.float32), fill), mask=m)
     elif (kind == AUG_BRIGHTNESS) | (kind == AUG_CONTRAST) | (kind == AUG_COLOR):
         f = tl.load(fparam_ptr + n)
         mean = tl.zeros((), dtype=tl.float32)

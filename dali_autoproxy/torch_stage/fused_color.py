@@ -116,7 +116,7 @@ def _launch(kernel, programs: int, *args, **constants) -> Optional[torch.Tensor]
 
 def augment_pil(x: torch.Tensor, op, host: np.ndarray) -> Optional[torch.Tensor]:
     """One policy operation per sample on PIL-image values (``policies.augment``'s arithmetic),
-    one program per sample. x: [B, 3, H, W] float32 whole numbers; op: ir.Augment (nearest);
+    one program per sample. x: [B, 3, H, W] float32 whole numbers; op: ir.Augment;
     host: the params rows. None if the kernel failed (the caller then runs the torch ops)."""
     from ..ir import AUGMENT_OPS
     from .geometry import affine_tables
@@ -146,17 +146,24 @@ def augment_pil(x: torch.Tensor, op, host: np.ndarray) -> Optional[torch.Tensor]
         elif name == "Solarize":  # x >= v for whole numbers x
             fparam[i] = min(max(np.ceil(v), -1.0), 256.0)
     fixed = np.zeros((b, 6), dtype=np.int64)
+    coef = np.zeros((b, 6), dtype=np.float64)
     xs, ys = np.zeros((b, w), dtype=np.int32), np.zeros((b, h), dtype=np.int32)
     if geometric:
         rows = np.asarray(geometric)
-        f, is_fixed, gx, gy = affine_tables([policy_matrix(names[i], mags[i], w, h) for i in rows], w, h)
-        fixed[rows], xs[rows], ys[rows] = f, gx, gy
-        kind[rows] = np.where(is_fixed, kinds["warp_fixed"], kinds["warp_scale"])
+        matrices = np.array([policy_matrix(names[i], mags[i], w, h) for i in rows], dtype=np.float64)
+        if op.bilinear:  # Pillow's generic transform; the identity leaves the image as it is
+            coef[rows] = matrices
+            identity = np.all(matrices == np.array([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]), axis=1)
+            kind[rows] = np.where(identity, kinds["copy"], kinds["warp_bilinear"])
+        else:
+            f, is_fixed, gx, gy = affine_tables(matrices, w, h)
+            fixed[rows], xs[rows], ys[rows] = f, gx, gy
+            kind[rows] = np.where(is_fixed, kinds["warp_fixed"], kinds["warp_scale"])
     fill = [float(v) for v in op.fill] * (3 if len(op.fill) == 1 else 1)
     k1, k5 = float(torch.tensor(1.0) / 13.0), float(torch.tensor(5.0) / 13.0)  # as filters.smooth
-    args = [_to_device(torch.from_numpy(a), x) for a in (kind, fparam, iparam, fixed, xs, ys,
+    args = [_to_device(torch.from_numpy(a), x) for a in (kind, fparam, iparam, fixed, xs, ys, coef,
                                                           np.asarray(fill[:3], dtype=np.float32))]
     out = torch.empty((b, c, h, w), dtype=torch.float32, device=x.device)
     lut = torch.empty((b, 3, 256), dtype=torch.int32, device=x.device)
     sb, sc, sh, sw = x.stride()
-    return _launch(module.augment_pil, b, x, out, *args[:6], lut, args[6], w, h, h * w, sb, sc, sh, sw, k1, k5)
+    return _launch(module.augment_pil, b, x, out, *args[:7], lut, args[7], w, h, h * w, sb, sc, sh, sw, k1, k5)

@@ -86,7 +86,7 @@ def _operation(sub: torch.Tensor, key: str, rows: List[int], names: List[str], m
 
 @kernel(Augment)
 def _augment(x: torch.Tensor, op: Augment, batch: Batch) -> torch.Tensor:
-    if not op.bilinear and x.shape[1] == 3 and fused_color.usable(x):
+    if x.shape[1] == 3 and fused_color.usable(x):
         out = fused_color.augment_pil(x, op, batch.host)  # one Triton kernel, the same values
         if out is not None:
             return out
