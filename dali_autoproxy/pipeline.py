@@ -256,11 +256,11 @@ def _to_chw(lw: Lowering, op: ToCHW, img):
 class _Batch:
     """One submitted batch: fed and run, then collected, by the pipeline's thread; the loader
     waits for its result."""
-    __slots__ = ("group", "stream", "done", "ok", "value", "requested", "cancelled")
+    __slots__ = ("group", "stream", "done", "delivered", "ok", "value", "requested", "cancelled")
 
     def __init__(self, group: ProxyGroup, stream) -> None:
         self.group, self.stream = group, stream
-        self.done, self.ok, self.value = threading.Event(), False, None
+        self.done, self.delivered, self.ok, self.value = threading.Event(), threading.Event(), False, None
         self.requested = self.cancelled = False
 
     def fail(self, exc: BaseException) -> None:
@@ -272,7 +272,9 @@ class _Batch:
         self.done.set()
 
     def result(self, timeout: float):
-        if not self.done.wait(timeout):
+        """The batch; TimeoutError if DALI delivers no output within ``timeout`` seconds. The
+        torch stage's own time (a first batch may compile its Triton kernels) does not count."""
+        if not self.done.wait(timeout) and not (self.delivered.is_set() and self.done.wait()):
             raise TimeoutError
         value, self.value = self.value, None
         if self.ok:
@@ -348,7 +350,10 @@ class _PipelineThread:
                     _feed(inputs, feeds, batch.group)
                 else:
                     with torch.cuda.stream(batch.stream) if batch.stream is not None else contextlib.nullcontext():
-                        batch.succeed(_outputs(inputs, stage, batch.group.params))
+                        out = _outputs(inputs)
+                        batch.delivered.set()
+                        batch.succeed(stage(out, batch.group.params) if stage is not None else out)
+                        del out
             except BaseException as exc:  # handed to the loader, which rebuilds the pipeline
                 batch.fail(exc)
             del batch
@@ -366,15 +371,13 @@ def _feed(inputs: _Inputs, feeds, group: ProxyGroup) -> None:
     pipe._run_once()
 
 
-def _outputs(inputs: _Inputs, stage: Optional[TorchStage], params: np.ndarray):
-    """DALI's next output as torch tensors, with the torch stage applied."""
+def _outputs(inputs: _Inputs) -> Union[torch.Tensor, List[torch.Tensor]]:
+    """DALI's next output as torch tensors (one batch, or one per sample when sizes differ)."""
     (out,) = inputs.pipe.outputs()
     inputs.payloads.popleft()  # DALI is done reading it
     if out.is_dense_tensor():
-        result = torch.from_dlpack(out.as_tensor())
-    else:
-        result = [torch.from_dlpack(out[i]) for i in range(len(out))]
-    return stage(result, params) if stage is not None else result
+        return torch.from_dlpack(out.as_tensor())
+    return [torch.from_dlpack(out[i]) for i in range(len(out))]
 
 
 def _release_memory_if_idle() -> None:

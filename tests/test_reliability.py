@@ -429,6 +429,27 @@ def test_stuck_pipeline_ends_within_the_loader_timeout(photo_root, monkeypatch):
     assert last_report()["cpu_path_samples"] == 4
 
 
+def test_a_slow_torch_stage_is_not_a_stuck_pipeline(photo_root, monkeypatch):
+    """The loader's timeout= bounds the wait for DALI's output, not the torch stage after it (a
+    first batch may compile Triton kernels for seconds): with timeout=1 and a first stage call
+    of 2.5 s, every batch still comes from DALI, none from the CPU replay."""
+    from dali_autoproxy.torch_stage import TorchStage
+    real, calls = TorchStage.__call__, {"n": 0}
+
+    def slow_first(self, out, params):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            time.sleep(2.5)
+        return real(self, out, params)
+    monkeypatch.setattr(TorchStage, "__call__", slow_first)
+    chain = T.Compose([T.RandomResizedCrop(48), T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.ToTensor()])
+    ds = image_folder(photo_root, chain)
+    ref = outcomes(ds, autoproxy=False, seed=5, shuffle=True, timeout=1)
+    out = outcomes(ds, autoproxy=True, seed=5, shuffle=True, timeout=1)
+    same_outcomes(ref, out)
+    assert calls["n"] >= 2 and last_report()["cpu_path_samples"] == 0 and last_report()["proxied"]
+
+
 def test_fast_jpeg_header_agrees_with_pil_or_defers(mixed_root):
     """Where the marker reader answers, PIL opens the file with the same mode and size (a zero
     height goes to PIL's path, which raises); everything else it leaves to PIL."""
