@@ -25,11 +25,11 @@ import torch
 log = logging.getLogger("dali_autoproxy")
 
 _STATE = {"usable": None}  # None: not tried yet; then True/False
-_KERNEL = None
+_KERNELS = None  # the module of Triton kernels, once imported
 
 
 def usable(x: torch.Tensor) -> bool:
-    """Whether the fused kernel serves this batch: a CUDA tensor, Triton importable and not
+    """Whether the fused kernels serve this batch: a CUDA tensor, Triton importable and not
     switched off, and no earlier failure to build."""
     if not x.is_cuda or _STATE["usable"] is False:
         return False
@@ -39,21 +39,22 @@ def usable(x: torch.Tensor) -> bool:
 
 
 def _load():
-    """The Triton kernel, built on first use (None where Triton is missing or switched off)."""
-    global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
+    """The kernels' module, imported on first use (each kernel is compiled on its first call);
+    None where Triton is missing or switched off."""
+    global _KERNELS
+    if _KERNELS is not None:
+        return _KERNELS
     if os.environ.get("DALI_AUTOPROXY_TRITON", "1").strip().lower() in ("0", "false", "no", "off"):
-        log.info("DALI_AUTOPROXY_TRITON=0: ColorJitter runs as torch ops")
+        log.info("DALI_AUTOPROXY_TRITON=0: colour and policy operations run as torch ops")
         return None
     try:
         import triton  # noqa: F401
     except Exception as e:  # noqa: BLE001 - any import failure means: use the torch ops
-        log.info("Triton is not available (%s): ColorJitter runs as torch ops", e)
+        log.info("Triton is not available (%s): colour and policy operations run as torch ops", e)
         return None
     from . import _triton_color
-    _KERNEL = _triton_color
-    return _KERNEL
+    _KERNELS = _triton_color
+    return _KERNELS
 
 
 def color_jitter(x: torch.Tensor, order: np.ndarray, factors: torch.Tensor, shift: torch.Tensor,
@@ -108,7 +109,7 @@ def _launch(kernel, programs: int, *args, **constants) -> Optional[torch.Tensor]
         kernel[(programs,)](*args, BLOCK=1024, num_warps=8, enable_fp_fusion=False, **constants)
     except Exception as e:  # noqa: BLE001 - a build or launch failure must not stop training
         _STATE["usable"] = False
-        log.warning("the fused colour kernel failed (%s: %s): ColorJitter runs as torch ops",
+        log.warning("a fused Triton kernel failed (%s: %s): colour and policy operations run as torch ops",
                     type(e).__name__, e)
         return None
     return args[1]
