@@ -23,6 +23,7 @@ Recipes (their own chains and loaders):
                 RandomErasing(0.1), on PIL images
 
 Images counts a two-view sample once per view. Every batch is moved to the GPU when there is one.
+The first batches, as many as autoproxy queues ahead (at most half the epoch), are not timed.
 
     python benchmarks/dataset_shapes_benchmark.py --images 8192 --workers 8 --repeat 2 \\
         --out benchmarks/results/dataset_shapes_h200.json
@@ -43,6 +44,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from corpus import make_corpus  # noqa: E402
+from loader_benchmark import auto_warmup  # noqa: E402
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -230,7 +232,9 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES + RECIPES,
                     help=f"default: the dataset shapes; the recipes: {' '.join(RECIPES)}")
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="batches not timed (default: as deep as autoproxy's queue, at most half the epoch; "
+                         "see loader_benchmark.auto_warmup)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode, interleaved; the median is reported")
     ap.add_argument("--tv-repeat", type=int, default=1, help="runs of the (slow) torchvision mode")
     ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu" if torch.cuda.is_available() else "cpu")
@@ -249,7 +253,8 @@ def main(argv=None):
                     if mode == "torchvision" and rep >= a.tv_repeat:
                         continue
                     try:
-                        n, dt, decode = run(shape, a.data, w, a.batch, a.warmup, mode == "autoproxy", a.device)
+                        warm = a.warmup if a.warmup is not None else auto_warmup(w, a.images // a.batch)
+                        n, dt, decode = run(shape, a.data, w, a.batch, warm, mode == "autoproxy", a.device)
                     except Exception as exc:  # one shape failing must not lose the others' figures
                         print(json.dumps({"shape": shape, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:300]}),
                               flush=True)
