@@ -21,6 +21,23 @@ def _store_rgb(img, p, m, HW, r, g, b):
 
 
 @triton.jit
+def _offset(p, W, s_h, s_w):
+    """Element offsets of pixels ``p`` (row-major indices) in a strided image."""
+    return (p // W) * s_h + (p % W) * s_w
+
+
+@triton.jit
+def _copy_sample(src_n, img, W, HW, s_c, s_h, s_w, BLOCK: tl.constexpr):
+    """A strided [3, H, W] sample copied into its contiguous slot of the output."""
+    for start in range(0, HW, BLOCK):
+        p = start + tl.arange(0, BLOCK)
+        m = p < HW
+        off = _offset(p, W, s_h, s_w)
+        for ch in tl.static_range(3):
+            tl.store(img + ch * HW + p, tl.load(src_n + ch * s_c + off, mask=m), mask=m)
+
+
+@triton.jit
 def _luma(r, g, b):
     # Pillow's L = (19595 R + 38470 G + 7471 B + 0x8000) >> 16, in integers
     return (r.to(tl.int32) * 19595 + g.to(tl.int32) * 38470 + b.to(tl.int32) * 7471 + 32768) >> 16
@@ -47,12 +64,7 @@ def jitter(src, dst, order_ptr, factor_ptr, shift_ptr, to_hs, to_rgb,
     n = tl.program_id(0).to(tl.int64)
     src_n = src + n * s_b
     img = dst + n * 3 * HW
-    for start in range(0, HW, BLOCK):  # the sample, copied into its contiguous slot
-        p = start + tl.arange(0, BLOCK)
-        m = p < HW
-        off = (p // W) * s_h + (p % W) * s_w
-        for ch in tl.static_range(3):
-            tl.store(img + ch * HW + p, tl.load(src_n + ch * s_c + off, mask=m), mask=m)
+    _copy_sample(src_n, img, W, HW, s_c, s_h, s_w, BLOCK)
     tl.debug_barrier()
     for pos in tl.static_range(4):
         step = tl.load(order_ptr + n * 4 + pos)
@@ -174,12 +186,7 @@ def tensor_jitter_v2(src, dst, order_ptr, factor_ptr, alpha_ptr, W, HW, s_b, s_c
     n = tl.program_id(0).to(tl.int64)
     src_n = src + n * s_b
     img = dst + n * 3 * HW
-    for start in range(0, HW, BLOCK):
-        p = start + tl.arange(0, BLOCK)
-        m = p < HW
-        off = (p // W) * s_h + (p % W) * s_w
-        for ch in tl.static_range(3):
-            tl.store(img + ch * HW + p, tl.load(src_n + ch * s_c + off, mask=m), mask=m)
+    _copy_sample(src_n, img, W, HW, s_c, s_h, s_w, BLOCK)
     tl.debug_barrier()
     for pos in tl.static_range(4):
         step = tl.load(order_ptr + n * 4 + pos)
@@ -347,13 +354,13 @@ def augment_pil(src, dst, kind_ptr, fparam_ptr, iparam_ptr, fixed_ptr, xs_ptr, y
             for start in range(0, HW, BLOCK):
                 p = start + tl.arange(0, BLOCK)
                 m = p < HW
-                r, g, b = _load_rgb(src_n, (p // W) * s_h + (p % W) * s_w, s_c, m)
+                r, g, b = _load_rgb(src_n, _offset(p, W, s_h, s_w), s_c, m)
                 total += tl.sum(tl.where(m, _luma(r, g, b), 0).to(tl.int64), axis=0)
             mean = ((total * 2 + HW) // (HW * 2)).to(tl.float32)
         for start in range(0, HW, BLOCK):
             p = start + tl.arange(0, BLOCK)
             m = p < HW
-            r, g, b = _load_rgb(src_n, (p // W) * s_h + (p % W) * s_w, s_c, m)
+            r, g, b = _load_rgb(src_n, _offset(p, W, s_h, s_w), s_c, m)
             d = tl.where(kind == AUG_COLOR, _luma(r, g, b).to(tl.float32), mean)
             _store_rgb(img, p, m, HW, _blend(d, f, r), _blend(d, f, g), _blend(d, f, b))
     elif kind == AUG_SHARPNESS:
@@ -375,7 +382,7 @@ def augment_pil(src, dst, kind_ptr, fparam_ptr, iparam_ptr, fixed_ptr, xs_ptr, y
             for start in range(0, HW, BLOCK):
                 p = start + tl.arange(0, BLOCK)
                 m = p < HW
-                v = tl.load(src_n + ch * s_c + (p // W) * s_h + (p % W) * s_w, mask=m, other=0.0)
+                v = tl.load(src_n + ch * s_c + _offset(p, W, s_h, s_w), mask=m, other=0.0)
                 lo = tl.minimum(lo, tl.min(tl.where(m, v, 255.0), axis=0))
                 hi = tl.maximum(hi, tl.max(tl.where(m, v, 0.0), axis=0))
             lo64 = lo.to(tl.float64)
@@ -386,7 +393,7 @@ def augment_pil(src, dst, kind_ptr, fparam_ptr, iparam_ptr, fixed_ptr, xs_ptr, y
             for start in range(0, HW, BLOCK):
                 p = start + tl.arange(0, BLOCK)
                 m = p < HW
-                v = tl.load(src_n + ch * s_c + (p // W) * s_h + (p % W) * s_w, mask=m, other=0.0)
+                v = tl.load(src_n + ch * s_c + _offset(p, W, s_h, s_w), mask=m, other=0.0)
                 yv = v.to(tl.float64) * scale + offset
                 yv = tl.minimum(tl.maximum(tl.where(yv < 0.0, tl.ceil(yv), tl.floor(yv)), 0.0), 255.0)
                 tl.store(img + ch * HW + p, tl.where(flat, v, yv.to(tl.float32)), mask=m)
@@ -397,7 +404,7 @@ def augment_pil(src, dst, kind_ptr, fparam_ptr, iparam_ptr, fixed_ptr, xs_ptr, y
             for start in range(0, HW, BLOCK):
                 p = start + tl.arange(0, BLOCK)
                 m = p < HW
-                v = tl.load(src_n + ch * s_c + (p // W) * s_h + (p % W) * s_w, mask=m, other=0.0)
+                v = tl.load(src_n + ch * s_c + _offset(p, W, s_h, s_w), mask=m, other=0.0)
                 hist += tl.histogram(tl.where(m, v.to(tl.int32), 0), 256)
             padded = ((HW + BLOCK - 1) // BLOCK) * BLOCK - HW  # masked lanes counted as level 0
             hist = hist - tl.where(levels == 0, padded, 0).to(tl.int32)
@@ -415,7 +422,7 @@ def augment_pil(src, dst, kind_ptr, fparam_ptr, iparam_ptr, fixed_ptr, xs_ptr, y
             for start in range(0, HW, BLOCK):
                 p = start + tl.arange(0, BLOCK)
                 m = p < HW
-                v = tl.load(src_n + ch * s_c + (p // W) * s_h + (p % W) * s_w, mask=m, other=0.0)
+                v = tl.load(src_n + ch * s_c + _offset(p, W, s_h, s_w), mask=m, other=0.0)
                 y = tl.load(lut_ptr + (n * 3 + ch) * 256 + v.to(tl.int32), mask=m, other=0)
                 tl.store(img + ch * HW + p, y.to(tl.float32), mask=m)
     else:  # identity, posterize, solarize, invert: one pixel at a time
@@ -424,7 +431,7 @@ def augment_pil(src, dst, kind_ptr, fparam_ptr, iparam_ptr, fixed_ptr, xs_ptr, y
         for start in range(0, HW, BLOCK):
             p = start + tl.arange(0, BLOCK)
             m = p < HW
-            off = (p // W) * s_h + (p % W) * s_w
+            off = _offset(p, W, s_h, s_w)
             for ch in tl.static_range(3):
                 v = tl.load(src_n + ch * s_c + off, mask=m, other=0.0)
                 if kind == AUG_POSTERIZE:
