@@ -205,17 +205,18 @@ class LoaderState:
             parts += [f"worker {100 * n / total:.0f}% ({why})" for why, n in rec["decoded_in_worker"].items()]
             rec["decode"] = "; ".join(parts)
 
-    def take_runner(self, plan: Plan, kind: str, batch_size: int, device: str, ahead: int):
+    def take_runner(self, plan: Plan, kind: str, batch_size: int, device: str, ahead: int,
+                    hw_decoder_load: float):
         from .pipeline import DaliRunner
         with self.lock:
             pool = self.idle_runners[(plan.key, kind)]
             while pool:
                 runner = pool.pop()
-                if runner.batch_size == batch_size and runner.ahead == ahead:
+                if (runner.batch_size, runner.ahead, runner.hw_decoder_load) == (batch_size, ahead, hw_decoder_load):
                     runner.drain()
                     return runner
         device_id = torch.cuda.current_device() if device == "gpu" else None
-        return DaliRunner(plan, kind, batch_size, device, device_id, ahead=ahead)
+        return DaliRunner(plan, kind, batch_size, device, device_id, ahead=ahead, hw_decoder_load=hw_decoder_load)
 
     def give_back(self, runners: Dict[RunnerKey, Any]) -> None:
         with self.lock:
@@ -240,8 +241,9 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
         batch_size = max_batch_size(loader)
         for plan in decision.plans.values():
             kind = RAW if plan.worker_prefix else ENCODED
-            state.give_back({(plan.key, kind): state.take_runner(plan, kind, batch_size, decision.device,
-                                                                 options.lookahead)})
+            runner = state.take_runner(plan, kind, batch_size, decision.device, options.lookahead,
+                                       options.hw_decoder_load)
+            state.give_back({(plan.key, kind): runner})
     except Exception as exc:
         state.update(Decision(False, f"set-up failed ({exc.__class__.__name__}: {exc})",
                               worker_transforms=chain_names(loader.dataset)), options)
@@ -297,6 +299,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_pin = bool(loader.pin_memory) and torch.cuda.is_available()
         self._self_batch_size = max_batch_size(loader)
         self._self_lookahead = options.lookahead
+        self._self_hw_decoder_load = options.hw_decoder_load
         self._self_inflight: collections.deque = collections.deque()
         self._self_count = 0
         self._self_runners: Dict[RunnerKey, Any] = {}
@@ -323,7 +326,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
                 if plan is None:
                     raise RuntimeError(f"no plan {group.key} was announced")
                 runner = state.take_runner(plan, group.kind, self._self_batch_size, self._self_device,
-                                           self._self_lookahead)
+                                           self._self_lookahead, self._self_hw_decoder_load)
             except Exception as exc:
                 logger.warning("DataLoader #%d: no DALI pipeline for %s (%s): those samples are computed "
                                "by PIL and torchvision", state.record["loader"], group.key, exc)

@@ -82,8 +82,9 @@ class Lowering:
     """Builds the DALI graph for a plan; knows which external sources need which params.
     Each op is lowered by its kernel in DALI_KERNELS: ``kernel(lowering, op, img) -> img``."""
 
-    def __init__(self, plan: Plan, input_kind: str, device: str):
+    def __init__(self, plan: Plan, input_kind: str, device: str, hw_decoder_load: float = 0.9):
         self.plan = plan
+        self.hw_decoder_load = hw_decoder_load  # the GPU's hardware JPEG decoder's share
         self.device = device  # "gpu" or "cpu"
         self.input_kind = input_kind  # "encoded" (JPEG bytes) or "raw" (HWC uint8 pixels)
         self.feeds: List[Tuple[str, int, int, object]] = []  # (name, column, width, numpy dtype)
@@ -114,6 +115,8 @@ class Lowering:
         if encoded:
             decode_device = "mixed" if self.device == "gpu" else "cpu"
             common = dict(device=decode_device, output_type=types.RGB, adjust_orientation=False)
+            if decode_device == "mixed":
+                common["hw_decoder_load"] = self.hw_decoder_load
             first = ops[0] if ops else None
             # jpeg_fancy_upsampling: the GPU decoder upsamples chroma as libjpeg-turbo (Pillow) does.
             # A region decode can do that at full speed only with nvJPEG 13.2+ (nvjpeg.py);
@@ -403,7 +406,7 @@ class DaliRunner:
     FIFO order with collect(). Only its thread touches the pipeline once built."""
 
     def __init__(self, plan: Plan, input_kind: str, batch_size: int, device: str, device_id: Optional[int],
-                 num_threads: Optional[int] = None, ahead: int = 2):
+                 num_threads: Optional[int] = None, ahead: int = 2, hw_decoder_load: float = 0.9):
         self.plan = plan
         self.input_kind = input_kind
         self.batch_size = batch_size
@@ -412,6 +415,7 @@ class DaliRunner:
         self.num_threads = num_threads or default_num_threads(device)
         self.ahead = ahead  # batches queued behind the one being collected
         self.prefetch = ahead + 1  # DALI's queue holds every batch the loader has submitted
+        self.hw_decoder_load = hw_decoder_load
         self._batches: "collections.deque" = collections.deque()  # submitted, not collected; oldest first
         self._thread: Optional[_PipelineThread] = None
         _live_runners.add(self)
@@ -419,7 +423,7 @@ class DaliRunner:
 
     def _build(self) -> None:
         from nvidia.dali import Pipeline
-        self.lowering = Lowering(self.plan, self.input_kind, self.device)
+        self.lowering = Lowering(self.plan, self.input_kind, self.device, self.hw_decoder_load)
         pipe = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
                         device_id=self.device_id if self.device == "gpu" else None,
                         prefetch_queue_depth=self.prefetch, exec_dynamic=True)
