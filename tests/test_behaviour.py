@@ -215,6 +215,44 @@ def test_bad_option_values_are_clear_errors(monkeypatch):
     assert not dali_autoproxy.is_enabled()
 
 
+def test_hw_decoder_load_option_is_validated_and_reaches_the_gpu_decoder(monkeypatch, photo_root):
+    from nvidia.dali import Pipeline, fn
+    from dali_autoproxy.config import Options, resolve_options
+    from dali_autoproxy.pipeline import Lowering
+    from dali_autoproxy.planning import build_plan
+    for bad in (-0.1, 1.5, "0.5", True, float("nan")):
+        with pytest.raises(ValueError, match=r"hw_decoder_load=.*numbers from 0 to 1"):
+            dali_autoproxy.enable(hw_decoder_load=bad)
+    monkeypatch.setenv("DALI_AUTOPROXY_HW_DECODER_LOAD", "most")
+    with pytest.raises(ValueError, match="DALI_AUTOPROXY_HW_DECODER_LOAD='most'"):
+        dali_autoproxy.enable()
+    monkeypatch.setenv("DALI_AUTOPROXY_HW_DECODER_LOAD", " 0.25 ")
+    assert resolve_options().hw_decoder_load == 0.25 and resolve_options(hw_decoder_load=1).hw_decoder_load == 1.0
+    monkeypatch.delenv("DALI_AUTOPROXY_HW_DECODER_LOAD")
+    assert resolve_options().hw_decoder_load == Options.hw_decoder_load == 0.9
+
+    # the share goes to DALI's mixed (GPU) decoders only; the CPU decoder has no hardware part
+    seen = []
+    for name in ("image", "image_slice"):
+        real = getattr(fn.decoders, name)
+        monkeypatch.setattr(fn.decoders, name, lambda *a, _real=real, **kw: seen.append(kw) or _real(*a, **kw))
+    for chain in (T.Compose([T.RandomResizedCrop(64), T.ToTensor()]), T.Compose([T.Resize(64), T.ToTensor()])):
+        for device in ("gpu", "cpu"):
+            with Pipeline(batch_size=2, num_threads=1, device_id=None):
+                Lowering(build_plan(chain), "encoded", device, 0.5).graph()
+    assert [kw.get("hw_decoder_load") for kw in seen] == [0.5, None, 0.5, None]
+    assert [kw["device"] for kw in seen] == ["mixed", "cpu", "mixed", "cpu"]
+
+    # and from enable() to the loader's pipelines
+    dali_autoproxy.enable(device="cpu", log_level="ERROR", hw_decoder_load=0.3)
+    try:
+        it = iter(torch.utils.data.DataLoader(image_folder(photo_root, EVAL()), batch_size=4))
+        next(it)
+        assert [r.hw_decoder_load for r in it._self_runners.values()] == [0.3]
+        del it
+    finally:
+        dali_autoproxy.disable()
+
 def test_report_rows_and_table(photo_root, capsys):
     ds = image_folder(photo_root, EVAL())
     load_all(ds, autoproxy=True)
