@@ -44,6 +44,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from corpus import make_corpus  # noqa: E402
+from results_io import write_results  # noqa: E402
 from loader_benchmark import auto_warmup  # noqa: E402
 
 MEAN = [0.485, 0.456, 0.406]
@@ -272,11 +273,7 @@ def main(argv=None):
     summary = summarize(results)
     print(summary, flush=True)
     if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump({"corpus": corpus, "env": env, "results": results}, f, indent=1)
-        with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
-            f.write(summary + "\n")
+        write_results(a.out, {"corpus": corpus, "env": env, "results": results}, summary)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from corpus import make_corpus  # noqa: E402
+from results_io import write_results  # noqa: E402
 
 SETTINGS = {  # name: (jpeg_fancy_upsampling, hw_decoder_load or None for DALI's default, crop)
     # crop: False (whole image), "roi" (region-of-interest decode), "slice" (whole decode, then slice)
@@ -212,11 +213,7 @@ def main(argv=None):
     table = "\n".join(lines)
     print(table, flush=True)
     if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=1)
-        with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
-            f.write(table + "\n")
+        write_results(a.out, result, table)
 
 
 if __name__ == "__main__":

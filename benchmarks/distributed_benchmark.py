@@ -139,6 +139,7 @@ def main() -> None:
         return rank_main(a)
     sys.path.insert(0, HERE)
     from corpus import make_corpus
+    from results_io import write_results
     corpus = make_corpus(a.data, a.images)
     rows = []
     for rep in range(a.repeat):
@@ -150,10 +151,7 @@ def main() -> None:
     table = summarize(rows, a)
     print(table, flush=True)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"corpus": corpus, "rows": rows}, f, indent=1)
-        with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
-            f.write(table + "\n")
+        write_results(a.out, {"corpus": corpus, "rows": rows}, table)
 
 
 if __name__ == "__main__":

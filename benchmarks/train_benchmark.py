@@ -25,6 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from corpus import make_corpus  # noqa: E402
+from results_io import write_results  # noqa: E402
 
 STEP = re.compile(r"Epoch: \[0\]\[\s*(\d+)/(\d+)\]\s+Time\s+[\d.]+ \(\s*([\d.]+)\)\s+Data\s+[\d.]+ \(\s*([\d.]+)\)")
 ACC = re.compile(r"\*\s+Acc@1\s+([\d.]+)")
@@ -123,10 +124,7 @@ def main(argv=None) -> None:
     table = summarize(rows)
     print(table, flush=True)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"corpus": corpus, "env": env, "rows": rows}, f, indent=1)
-        with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
-            f.write(table + "\n")
+        write_results(a.out, {"corpus": corpus, "env": env, "rows": rows}, table)
 
 
 if __name__ == "__main__":

@@ -45,35 +45,36 @@ class Options:
     hw_decoder_load: float = 0.9
 
 
-def _pick_int(name: str, value, env_name: str, bounds: tuple, environ: Mapping[str, str], default: int) -> int:
+def _pick_number(name: str, value, env_name: str, environ: Mapping[str, str], default, parse, valid, accepted: str):
+    """A numeric option: the keyword, else the variable parsed by ``parse`` (None when unreadable)."""
     source, number = f"{name}=", value
     if value is None:
         raw = environ.get(env_name)
         if raw is None or raw.strip() == "":
             return default
         value, source = raw, f"{env_name}="
-        number = int(raw) if raw.strip().isdigit() else None
-    if type(number) is not int or not bounds[0] <= number <= bounds[1]:
-        raise ValueError(f"dali_autoproxy: invalid value {source}{value!r}; accepted values: "
-                         f"whole numbers {bounds[0]} to {bounds[1]}")
+        number = parse(raw.strip())
+    if not valid(number):
+        raise ValueError(f"dali_autoproxy: invalid value {source}{value!r}; accepted values: {accepted}")
     return number
 
 
+def _pick_int(name: str, value, env_name: str, bounds: tuple, environ: Mapping[str, str], default: int) -> int:
+    return _pick_number(name, value, env_name, environ, default, lambda raw: int(raw) if raw.isdigit() else None,
+                        lambda n: type(n) is int and bounds[0] <= n <= bounds[1],
+                        f"whole numbers {bounds[0]} to {bounds[1]}")
+
+
+def _float_or_none(raw: str) -> Optional[float]:
+    try:
+        return float(raw)
+    except ValueError:
+        return None
+
+
 def _pick_fraction(name: str, value, env_name: str, environ: Mapping[str, str], default: float) -> float:
-    source, number = f"{name}=", value
-    if value is None:
-        raw = environ.get(env_name)
-        if raw is None or raw.strip() == "":
-            return default
-        value, source = raw, f"{env_name}="
-        try:
-            number = float(raw)
-        except ValueError:
-            number = None
-    if type(number) not in (int, float) or not 0.0 <= number <= 1.0:
-        raise ValueError(f"dali_autoproxy: invalid value {source}{value!r}; accepted values: "
-                         f"numbers from 0 to 1")
-    return float(number)
+    return float(_pick_number(name, value, env_name, environ, default, _float_or_none,
+                              lambda n: type(n) in (int, float) and 0.0 <= n <= 1.0, "numbers from 0 to 1"))
 
 
 def _pick(name: str, value: Optional[str], env_name: str, accepted: tuple, environ: Mapping[str, str],
