@@ -24,6 +24,7 @@ import torch
 from .ir import (Augment, Blur, ChainState, ColorJitter, Crop, Erase, FastColorJitter, Flip, Grayscale, Normalize,
                  Perspective, PixelOp, Resize, TensorAugment, TensorColorJitter, ToCHW, ToFloat, Warp, compose_affine,
                  split_at_takeover)
+from .config import Options
 from .kernel_table import KernelTable
 from .nvjpeg import region_decode_like_libjpeg
 from .planning import Plan
@@ -82,7 +83,8 @@ class Lowering:
     """Builds the DALI graph for a plan; knows which external sources need which params.
     Each op is lowered by its kernel in DALI_KERNELS: ``kernel(lowering, op, img) -> img``."""
 
-    def __init__(self, plan: Plan, input_kind: str, device: str, hw_decoder_load: float = 0.9):
+    def __init__(self, plan: Plan, input_kind: str, device: str,
+                 hw_decoder_load: float = Options.hw_decoder_load):
         self.plan = plan
         self.hw_decoder_load = hw_decoder_load  # the GPU's hardware JPEG decoder's share
         self.device = device  # "gpu" or "cpu"
@@ -406,7 +408,8 @@ class DaliRunner:
     FIFO order with collect(). Only its thread touches the pipeline once built."""
 
     def __init__(self, plan: Plan, input_kind: str, batch_size: int, device: str, device_id: Optional[int],
-                 num_threads: Optional[int] = None, ahead: int = 2, hw_decoder_load: float = 0.9):
+                 num_threads: Optional[int] = None, ahead: int = 2,
+                 hw_decoder_load: float = Options.hw_decoder_load):
         self.plan = plan
         self.input_kind = input_kind
         self.batch_size = batch_size
