@@ -18,7 +18,7 @@ from PIL import Image
 from torchvision.transforms import InterpolationMode as M
 
 from .ir import (AUGMENT_OPS, PERSPECTIVE_IDENTITY, Augment, Blur, ColorJitter, Crop, Erase, FastColorJitter, Flip,
-                 Grayscale, Normalize, Perspective, PixelOp, Resize, TensorAugment, TensorColorJitter, ToCHW, ToFloat,
+                 Grayscale, Normalize, Perspective, PillowResize, PixelOp, Resize, TensorAugment, TensorColorJitter, ToCHW, ToFloat,
                  Warp, jitter_order)
 from .kernel_table import KernelTable
 from .planning import Plan
@@ -77,6 +77,12 @@ def _resize(img, op: Resize, row, v2_step):
     mode = {"linear": M.BILINEAR, "cubic": M.BICUBIC, "nn": M.NEAREST if is_pil else M.NEAREST_EXACT}[op.interp]
     resize = (F2 if v2_step and not is_pil else F).resize
     return resize(img, size, interpolation=mode, antialias=op.antialias if not is_pil else True)
+
+
+@CPU_KERNELS.register(PillowResize)
+def _pillow_resize(img, op: PillowResize, row, v2_step):  # what torchvision's resize asks of Pillow
+    height, width, kind = int(row[op.slot + 2]), int(row[op.slot + 3]), int(row[op.slot + 4])
+    return img.resize((width, height), kind)
 
 
 @CPU_KERNELS.register(Flip)

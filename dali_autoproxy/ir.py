@@ -30,8 +30,12 @@ class Placement(Enum):
 @dataclass(frozen=True)
 class Crop:
     """Crop [top, left, height, width] from params[slot:slot+4]; outside the image is
-    ``fill`` (per channel), which is how Pad and padded crops are expressed too."""
-    placement: ClassVar[Placement] = Placement.DALI
+    ``fill`` (per channel), which is how Pad and padded crops are expressed too. DALI runs the
+    crops before the torch stage takes over (the first one fused into the decode); the stage runs
+    those after an exact resize (CenterCrop after Resize)."""
+    placement: ClassVar[Placement] = Placement.EITHER
+    keeps_size: ClassVar[bool] = False
+    ragged: ClassVar[bool] = True
     slot: int
     in_bounds: bool = False  # True when the box never leaves the image (lets decode fuse it)
     fill: Tuple[float, ...] = (0.0,)
@@ -45,6 +49,23 @@ class Resize:
     antialias: bool
     slot: Optional[int] = None
     size: Optional[Tuple[int, int]] = None
+
+
+PILLOW_FILTERS = {"nearest": 0, "bilinear": 2, "bicubic": 3, "box": 4}  # PIL.Image.Resampling values
+
+
+@dataclass(frozen=True)
+class PillowResize:
+    """Pillow's ``Image.resize`` of a PIL image, as torchvision's resize and resized_crop call it:
+    each sample from its size params[slot:slot+2] = [height, width] to params[slot+2:slot+4],
+    with Pillow's filter params[slot+4] (its NEAREST 0, BILINEAR 2, BICUBIC 3 or BOX 4), so one
+    batch may mix filters (timm draws one per image). Exact, border included: Pillow's clipped and
+    renormalised weights in its fixed point (torch_stage/resample.py); DALI's resize differs at
+    the edges, so it is used only with ``fidelity="fast"``. Accepts samples of different sizes."""
+    placement: ClassVar[Placement] = Placement.TORCH
+    keeps_size: ClassVar[bool] = False
+    ragged: ClassVar[bool] = True
+    slot: int
 
 
 @dataclass(frozen=True)
@@ -224,19 +245,34 @@ class ToCHW:
 
 
 Op = object  # one of the dataclasses above
-ALL_OPS: Tuple[type, ...] = (Crop, Resize, Flip, PixelOp, ColorJitter, FastColorJitter, TensorColorJitter, Grayscale, Blur, Erase,
+ALL_OPS: Tuple[type, ...] = (Crop, Resize, PillowResize, Flip, PixelOp, ColorJitter, FastColorJitter, TensorColorJitter, Grayscale, Blur, Erase,
                              Warp, Perspective, Augment, TensorAugment, ToFloat, Normalize, ToCHW)
+
+
+for _op in ALL_OPS:  # the defaults: an op keeps the sample's size and needs one size per batch
+    if "keeps_size" not in vars(_op):
+        _op.keeps_size = _op is not Resize
+    if "ragged" not in vars(_op):
+        _op.ragged = False
 
 
 def split_at_takeover(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
     """(DALI's ops, the torch stage's ops): the stage takes over at the first TORCH op when it
-    can run everything from there on, and also takes the EITHER ops just before it, so that
-    DALI hands over uint8 pixels. Without such an op, or with a DALI-only op after it, all
-    ops stay with DALI (planning then refuses a TORCH op left there)."""
+    can run everything from there on. Where that op needs one size for the whole batch, the stage
+    also takes the size-keeping EITHER ops just before it, so that DALI hands over uint8 pixels of
+    its last crop or resize; where it takes samples of any size (``ragged``: the exact resize),
+    DALI hands over its crops padded to one size and keeps the ops before. Without such an op,
+    with a DALI-only op after it, or with a crop or resize after an op that needs one size while
+    DALI has not cropped yet (a ColorJitter before a crop), all ops stay with DALI (planning then
+    refuses a TORCH op left there, and the worker runs the chain's head)."""
     for k, op in enumerate(ops):
         if op.placement is Placement.TORCH:
+            if (not op.ragged and all(o.keeps_size for o in ops[:k])
+                    and not all(o.keeps_size for o in ops[k:])):
+                break  # DALI would hand over every image at its own size to an op that needs one size
             if all(o.placement is not Placement.DALI for o in ops[k:]):
-                while k > 0 and ops[k - 1].placement is Placement.EITHER:
+                while (k > 0 and not op.ragged and ops[k - 1].placement is Placement.EITHER
+                       and ops[k - 1].keeps_size):
                     k -= 1
                 return list(ops[:k]), list(ops[k:])
             break
@@ -251,6 +287,7 @@ class ChainState:
     channels: int = 3
     fixed_size: Optional[Tuple[int, int]] = None  # output size when it is the same for all
     fidelity: str = "exact"  # "fast": approximate DALI operators where they are much faster (ColorJitter)
+    exact_resize: bool = True  # False: DALI's resize for PIL images too (planning's second try)
 
 
 class SampleGeometry:

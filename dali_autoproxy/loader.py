@@ -102,7 +102,7 @@ def decide(loader: Any, options: Options) -> Decision:
         try:
             plan = build_plan(chain)
         except Unsupported as exc:
-            first_reason = first_reason or exc
+            first_reason = first_reason or str(exc)  # text, not the exception: see _own_frames_dropped
             unplanned.append(f"{_path_text(path)}: {exc}")
             continue
         plans.setdefault(plan.key, plan)
@@ -281,6 +281,17 @@ def _replace(obj: Any, table: Dict[int, torch.Tensor]) -> Any:
     return obj
 
 
+def _own_frames_dropped(exc: BaseException, owner: Any) -> BaseException:
+    """``exc`` without the traceback frames of ``owner``'s methods. An exception kept for later
+    (an error queued in its place in the batch order) holds its traceback, whose frames hold their
+    locals: frames of the iterator itself would make a cycle that keeps the iterator, and the
+    DataLoader's workers, alive after a ``break`` until the next garbage collection."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_locals.get("self") is owner:
+        tb = tb.tb_next
+    return exc.with_traceback(tb)
+
+
 class _InFlight:
     __slots__ = ("batch", "proxies", "error", "index")
 
@@ -330,7 +341,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
             except Exception as exc:
                 logger.warning("DataLoader #%d: no DALI pipeline for %s (%s): those samples are computed "
                                "by PIL and torchvision", state.record["loader"], group.key, exc)
-                self._self_broken[key] = exc
+                self._self_broken[key] = f"{type(exc).__name__}: {exc}"  # text: no frames kept
                 return None
             self._self_runners[key] = runner
         return runner
@@ -380,7 +391,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         except StopIteration:
             return None
         except Exception as exc:  # raised in its place in the batch order, as the DataLoader does
-            return _InFlight(error=exc)
+            return _InFlight(error=_own_frames_dropped(exc, self))
         index = self._self_count
         self._self_count += 1
         proxies: List[ProxyBatch] = []
@@ -428,7 +439,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
             return out
         return _replace(entry.batch, table)
 
-    def _self_on_cpu(self, group: ProxyGroup, batch_index: int, dali_error: Exception) -> List[torch.Tensor]:
+    def _self_on_cpu(self, group: ProxyGroup, batch_index: int, dali_error: Any) -> List[torch.Tensor]:
         """DALI failed on this batch: replay its samples through PIL and torchvision's
         functional ops with the params drawn in the worker (PIL's pixels, or PIL's error)."""
         from .cpu_path import decode_like_pil_loader, run_plan

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from .ir import (Augment, Blur, ChainState, ColorJitter, Crop, Erase, FastColorJitter, Flip, Grayscale, Normalize,
-                 Perspective, PixelOp, Resize, TensorAugment, TensorColorJitter, ToCHW, ToFloat, Warp, compose_affine,
-                 split_at_takeover)
+                 Perspective, PillowResize, PixelOp, Resize, TensorAugment, TensorColorJitter, ToCHW, ToFloat, Warp,
+                 compose_affine, split_at_takeover)
 from .config import Options
 from .kernel_table import KernelTable
 from .nvjpeg import region_decode_like_libjpeg
@@ -33,7 +33,7 @@ from .transport import ProxyGroup
 
 DALI_KERNELS = KernelTable("DALI lowering")
 DALI_KERNELS.not_here("exact only as torch ops; the torch stage takes over from it",
-                      ColorJitter, TensorColorJitter, Warp, Perspective, Augment, TensorAugment)
+                      ColorJitter, TensorColorJitter, Warp, Perspective, Augment, TensorAugment, PillowResize)
 
 _TAIL_OPS = frozenset((Flip, ToFloat, Normalize, ToCHW))  # what one crop_mirror_normalize can finish with
 
@@ -141,6 +141,12 @@ class Lowering:
         body, tail = _split_tail(ops)
         for op in body:
             img = DALI_KERNELS[op](self, op, img)
+        stage = self.torch_stage
+        if stage is not None and stage.ops[0].ragged:
+            # the stage's first op takes each sample at its own size: one batch, padded to the largest
+            if tail:
+                img = self._lower_tail(tail, img)
+            return fn.pad(img, axis_names="HW", fill_value=0)
         img = self._lower_tail(tail, img)
         for op in erases:
             img = DALI_KERNELS[op](self, op, img)

@@ -186,8 +186,8 @@ def _looks_like_dataset(obj: Any) -> bool:
     return hasattr(type(obj), "__getitem__") and not isinstance(obj, (list, tuple, dict))
 
 
-def _translate(transforms: List[Any]) -> Plan:
-    state = ChainState(fidelity=FIDELITY["value"])
+def _translate(transforms: List[Any], exact_resize: bool = True) -> Plan:
+    state = ChainState(fidelity=FIDELITY["value"], exact_resize=exact_resize)
     counter = [0]
 
     def alloc(n: int) -> int:
@@ -234,7 +234,11 @@ def build_plan(transform: Any) -> Plan:
     try:
         return _translate(flat)
     except Unsupported as exc:
-        first_reason = exc
+        first_reason = str(exc)  # text: a kept exception's traceback would keep the caller's frames alive
+    try:  # the exact resize runs in the torch stage; a DALI-only step after it wants DALI's resize
+        return _translate(flat, exact_resize=False)
+    except Unsupported:
+        pass
     for split in range(1, len(flat)):
         if not _ends_as_pil(flat[:split]):
             continue  # the worker's part would hand over a tensor, not an image's pixels
@@ -246,6 +250,6 @@ def build_plan(transform: Any) -> Plan:
             break  # only the layout change is left: nothing worth moving
         plan.worker_prefix = split
         plan.worker_names = [transform_name(t) for t in flat[:split]]
-        plan.split_reason = str(first_reason)
+        plan.split_reason = first_reason
         return plan
-    raise first_reason
+    raise Unsupported(first_reason)

@@ -3,7 +3,7 @@ the op's placement (what planning reads). Adding an op is a checklist this test 
 import pytest
 
 from dali_autoproxy.cpu_path import CPU_KERNELS
-from dali_autoproxy.ir import ALL_OPS, Crop, Placement, ToCHW, split_at_takeover
+from dali_autoproxy.ir import ALL_OPS, Crop, PillowResize, Placement, Resize, ToCHW, split_at_takeover
 from dali_autoproxy.kernel_table import KernelTable, MissingKernel
 from dali_autoproxy.pipeline import DALI_KERNELS
 from dali_autoproxy.torch_stage import TORCH_KERNELS
@@ -39,8 +39,8 @@ def test_registering_twice_is_an_error_and_a_missing_kernel_names_op_and_back_en
     table.not_here("because", ToCHW)
     with pytest.raises(MissingKernel, match="because"):
         table[ToCHW]
-    with pytest.raises(MissingKernel, match="Warp has no kernel in the torch stage|Crop has no kernel in the torch"):
-        TORCH_KERNELS[Crop(0)]
+    with pytest.raises(MissingKernel, match="Resize has no kernel in the torch stage: DALI runs tensor resizes"):
+        TORCH_KERNELS[Resize("linear", True, 0)]
 
 
 def test_converters_cannot_be_registered_twice():
@@ -59,3 +59,11 @@ def test_the_torch_stage_takes_over_where_placement_says():
     assert dali == ops[:2] and torch_ops == ops[2:]  # the flip before it joins the stage
     assert split_at_takeover([jitter, Resize("linear", True, 0)]) == ([jitter, Resize("linear", True, 0)], [])
     assert split_at_takeover(ops[:3]) == (ops[:3], [])
+
+
+def test_the_exact_resize_takes_over_at_the_resize_and_leaves_the_crop_and_flip_before_it_to_dali():
+    from dali_autoproxy.ir import Flip, Normalize, ToFloat
+    ops = [Flip(0), Crop(1, in_bounds=True), PillowResize(5), Crop(10), ToFloat(1 / 255), Normalize((0.5,), (0.5,))]
+    dali, torch_ops = split_at_takeover(ops)
+    assert dali == ops[:2] and torch_ops == ops[2:]  # DALI pads its crops; the stage crops after resizing
+    assert split_at_takeover([PillowResize(0), Resize("linear", True, size=(4, 4))])[1] == []  # DALI-only after

@@ -5,7 +5,7 @@ import torchvision.transforms as T
 import torchvision.transforms.functional as F
 import torchvision.transforms.v2 as v2
 
-from dali_autoproxy.ir import Crop, Flip, Normalize, Resize, ToCHW, ToFloat
+from dali_autoproxy.ir import Crop, Flip, Normalize, PillowResize, Resize, ToCHW, ToFloat
 from dali_autoproxy.planning import build_plan
 from dali_autoproxy.translate.geometry import center_crop_box, resized_output_size
 from helpers import why_not
@@ -48,7 +48,8 @@ def test_random_resized_crop_draws_torchvisions_boxes(tf):
             p = tf.make_params([img])
             expected = [p["top"], p["left"], p["height"], p["width"]]
         torch.manual_seed(seed)
-        assert plan.draw(333, 500) == expected
+        h, w = expected[2], expected[3]
+        assert plan.draw(333, 500) == expected + [h, w, 224, 224, 2]  # the box, then the exact resize's row
 
 
 def test_flip_draw_matches_torchvision():
@@ -64,8 +65,20 @@ def test_flip_draw_matches_torchvision():
 def test_ops_of_the_imagenet_train_chain():
     plan = build_plan(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
                                  T.Normalize([0.5] * 3, [0.25] * 3)]))
-    assert [type(op) for op in plan.ops] == [Crop, Resize, Flip, ToFloat, ToCHW, Normalize]
-    assert plan.ops[0].in_bounds and plan.n_params == 5 and plan.state.fixed_size == (224, 224)
+    assert [type(op) for op in plan.ops] == [Crop, PillowResize, Flip, ToFloat, ToCHW, Normalize]
+    assert plan.ops[0].in_bounds and plan.n_params == 10 and plan.state.fixed_size == (224, 224)
+
+
+def test_fast_fidelity_keeps_dalis_resize(monkeypatch):
+    from dali_autoproxy import planning
+    monkeypatch.setitem(planning.FIDELITY, "value", "fast")
+    plan = build_plan(T.Compose([T.RandomResizedCrop(224), T.ToTensor()]))
+    assert [type(op) for op in plan.ops] == [Crop, Resize, ToFloat, ToCHW] and plan.n_params == 4
+
+
+def test_a_dali_only_step_after_the_resize_keeps_dalis_resize_instead_of_the_worker():
+    plan = build_plan(v2.Compose([v2.RandomResizedCrop(64), v2.PILToTensor(), v2.Resize(32, antialias=True)]))
+    assert plan.worker_prefix == 0 and [type(op) for op in plan.ops].count(Resize) == 2
 
 
 @pytest.mark.parametrize("tf,reason", [
@@ -87,6 +100,8 @@ def test_torch_stage_takes_over_at_colour_jitter_only_when_it_can_finish():
     late = build_plan(T.Compose([T.RandomResizedCrop(64), T.ColorJitter(0.4), T.RandomGrayscale(),
                                  T.ToTensor(), T.Normalize([0.5] * 3, [0.5] * 3), T.RandomErasing()]))
     dali_ops, torch_ops = split(late.ops)
-    assert [type(op) for op in dali_ops] == [Crop, Resize] and isinstance(torch_ops[0], ColorJitter)
+    assert [type(op) for op in dali_ops] == [Crop] and isinstance(torch_ops[0], PillowResize)
+    assert isinstance(torch_ops[1], ColorJitter)
     early = build_plan(T.Compose([T.ColorJitter(0.4), T.RandomResizedCrop(64), T.ToTensor()]))
-    assert early.worker_names == ["ColorJitter"] and split(early.ops)[1] == []  # a resize after it: worker
+    assert early.worker_names == ["ColorJitter"]  # a crop after it and DALI has not cropped: the worker runs it
+    assert [type(op) for op in split(early.ops)[1]][:1] == [PillowResize]  # then the exact resize

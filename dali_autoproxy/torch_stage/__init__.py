@@ -22,16 +22,20 @@ from typing import List, Sequence, Union
 import numpy as np
 import torch
 
-from . import color, filters, geometry, policies, tensor, tensor_jitter, tensor_policies  # noqa: F401  (kernels)
+from . import color, filters, geometry, policies, resample, tensor, tensor_jitter, tensor_policies  # noqa: F401  (kernels)
 from .color import hue_tables
 from .geometry import perspective, warp
 from .policies import augment
 from .registry import TORCH_KERNELS, Batch, upload
+from .resample import uniform
 from .tensor_jitter import tensor_color_jitter
 
 
 class TorchStage:
-    """Runs ``ops`` on a batch DALI produced: uint8 [B, H, W, C] (or a list of [H, W, C])."""
+    """Runs ``ops`` on a batch DALI produced: uint8 [B, H, W, C] (or a list of [H, W, C]). A batch
+    whose samples differ in size (after an exact resize to each image's own size) stays one
+    batch through the kernels that take any size (``ragged``: resizes, crops) and is split into
+    samples before any other kernel, which needs one size."""
 
     def __init__(self, ops: Sequence[object]):
         self.ops = list(ops)
@@ -43,8 +47,26 @@ class TorchStage:
         host = np.asarray(params)
         batch = Batch(host, upload(host, out.device))
         x = out.permute(0, 3, 1, 2).to(torch.float32)  # whole numbers 0..255 until a ToFloat
-        for op, run in zip(self.ops, self.kernels):
-            x = run(x, op, batch)
+        return self._run(x, batch, 0)
+
+    def _run(self, x: torch.Tensor, batch: Batch, start: int) -> Union[torch.Tensor, List[torch.Tensor]]:
+        for k in range(start, len(self.ops)):
+            op = self.ops[k]
+            if not op.ragged and not uniform(batch.sizes):
+                return [self._run(*self._sample(x, batch, i), k).squeeze(0) for i in range(x.shape[0])]
+            x = self.kernels[k](x, op, batch)
+        if not uniform(batch.sizes):
+            return [self._finish(x[i:i + 1, :, :h, :w], batch)[0] for i, (h, w) in enumerate(batch.sizes)]
+        return self._finish(x, batch)
+
+    @staticmethod
+    def _sample(x: torch.Tensor, batch: Batch, i: int):
+        """Sample i of a padded batch as a batch of its own size."""
+        h, w = (int(v) for v in batch.sizes[i])
+        return x[i:i + 1, :, :h, :w], Batch(batch.host[i:i + 1], batch.params[i:i + 1], batch.integer)
+
+    @staticmethod
+    def _finish(x: torch.Tensor, batch: Batch) -> torch.Tensor:
         return x.to(torch.uint8).contiguous() if batch.integer else x.contiguous()
 
 

@@ -3,12 +3,12 @@ context they see, and the host-to-device transfers that never stop the host."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
-from ..ir import Crop, FastColorJitter, Resize
+from ..ir import FastColorJitter, Resize
 from ..kernel_table import KernelTable
 
 
@@ -16,10 +16,12 @@ from ..kernel_table import KernelTable
 class Batch:
     """The context of one batch: its params rows on the host (float64, for planning on the
     host) and on the device, and whether the pixel values are still whole numbers 0..255
-    (uint8 semantics; ToFloat ends that)."""
+    (uint8 semantics; ToFloat ends that). ``sizes``: set by the kernels that change sizes
+    (resample.py); samples smaller than the batch sit in its top-left corner, zero-padded."""
     host: np.ndarray
     params: torch.Tensor
     integer: bool = True
+    sizes: Optional[np.ndarray] = None  # int64 [B, 2]: each sample's (height, width) when they differ
 
     def flag(self, slot: int) -> torch.Tensor:
         """params[:, slot] != 0 as a [B, 1, 1, 1] mask (a per-sample coin)."""
@@ -29,7 +31,7 @@ class Batch:
 Kernel = Callable[[torch.Tensor, object, Batch], torch.Tensor]
 # kernel(x, op, batch) -> x, on a [B, C, H, W] float batch
 TORCH_KERNELS = KernelTable("torch stage")
-TORCH_KERNELS.not_here("DALI runs crops and resizes before the stage takes over", Crop, Resize)
+TORCH_KERNELS.not_here("DALI runs tensor resizes (torch's own maths) before the stage takes over", Resize)
 TORCH_KERNELS.not_here("fidelity='fast' asks for DALI's own operator", FastColorJitter)
 kernel = TORCH_KERNELS.register
 

@@ -7,13 +7,13 @@ boxes and flips plain torchvision would give.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
-from ..ir import ChainState, Crop, Flip, Resize, SampleGeometry, Step, Unsupported
+from ..ir import PILLOW_FILTERS, ChainState, Crop, Flip, PillowResize, Resize, SampleGeometry, Step, Unsupported
 from . import coin_drawer, register, transform_name, v2_params
 
 
@@ -50,6 +50,42 @@ def resample_mode(interpolation, antialias: Optional[bool], state: ChainState) -
     raise Unsupported(f"interpolation {mode.value} is not translated yet")
 
 
+_PILLOW_KIND = {InterpolationMode.NEAREST: PILLOW_FILTERS["nearest"],
+                InterpolationMode.NEAREST_EXACT: PILLOW_FILTERS["nearest"],  # torchvision's mapping for PIL
+                InterpolationMode.BILINEAR: PILLOW_FILTERS["bilinear"],
+                InterpolationMode.BICUBIC: PILLOW_FILTERS["bicubic"], InterpolationMode.BOX: PILLOW_FILTERS["box"]}
+
+
+def pillow_kind(interpolation, state: ChainState, dali_can: bool = True) -> Optional[int]:
+    """Pillow's filter for an exact resize of a PIL image (ir.PillowResize), or None where DALI's
+    resize is used: tensors (torch's maths), and ``fidelity="fast"`` where DALI's resize can do it."""
+    if state.kind != "pil" or not state.exact_resize:
+        return None
+    if state.fidelity == "fast" and dali_can:
+        return None
+    return _PILLOW_KIND.get(as_mode(interpolation))
+
+
+def exact_resize_step(name: str, kinds, state: ChainState, alloc, out_size: Optional[Tuple[int, int]],
+                      size=None, max_size: Optional[int] = None, crop: Optional[Callable] = None,
+                      crop_slot: Optional[int] = None) -> Step:
+    """A Pillow-exact resize (after an optional random crop ``crop(g) -> (top, left, h, w)``):
+    params [h, w, out_h, out_w, filter]; ``kinds()`` gives each sample's Pillow filter (one fixed
+    filter, or timm's per-image draw)."""
+    slot = alloc(5)
+
+    def draw(g: SampleGeometry) -> None:
+        if crop is not None:
+            box = [int(v) for v in crop(g)]
+            g.params += box
+            g.height, g.width = box[2], box[3]
+        out_h, out_w = out_size if out_size is not None else resized_output_size(g.height, g.width, size, max_size)
+        g.params += [g.height, g.width, out_h, out_w, kinds()]
+        g.height, g.width = out_h, out_w
+    ops = ([Crop(crop_slot, in_bounds=True)] if crop is not None else []) + [PillowResize(slot)]
+    return Step(name, ops, draw)
+
+
 def _size_pair(size) -> Tuple[int, int]:
     if isinstance(size, int):
         return size, size
@@ -76,34 +112,45 @@ def resized_output_size(height: int, width: int, size, max_size: Optional[int]) 
 
 @register(T.RandomResizedCrop, v2.RandomResizedCrop)
 def random_resized_crop(t, state: ChainState, alloc) -> Step:
-    interp, antialias = resample_mode(t.interpolation, getattr(t, "antialias", True), state)
     out_h, out_w = _size_pair(t.size)
+    kind = pillow_kind(t.interpolation, state)
+    if kind is None:
+        interp, antialias = resample_mode(t.interpolation, getattr(t, "antialias", True), state)
     slot = alloc(4)
     if isinstance(t, v2.Transform):
         params = v2_params(t)
 
-        def draw(g: SampleGeometry) -> None:
+        def box(g: SampleGeometry):
             p = params([g.standin()])
-            g.params += [p["top"], p["left"], p["height"], p["width"]]
-            g.height, g.width = out_h, out_w
+            return p["top"], p["left"], p["height"], p["width"]
     else:
         scale, ratio = t.scale, t.ratio
 
-        def draw(g: SampleGeometry) -> None:
-            g.params += list(T.RandomResizedCrop.get_params(g.standin(), scale, ratio))
-            g.height, g.width = out_h, out_w
+        def box(g: SampleGeometry):
+            return T.RandomResizedCrop.get_params(g.standin(), scale, ratio)
     state.fixed_size = (out_h, out_w)
+    if kind is not None:
+        return exact_resize_step(transform_name(t), lambda: kind, state, alloc, (out_h, out_w), crop=box,
+                                 crop_slot=slot)
+
+    def draw(g: SampleGeometry) -> None:
+        g.params += list(box(g))
+        g.height, g.width = out_h, out_w
     return Step(transform_name(t), [Crop(slot, in_bounds=True),
                                     Resize(interp, antialias, size=(out_h, out_w))], draw)
 
 
 @register(T.Resize, v2.Resize)
 def resize(t, state: ChainState, alloc) -> Step:
-    interp, antialias = resample_mode(t.interpolation, getattr(t, "antialias", True), state)
     size: Optional[Sequence[int]] = t.size
     max_size = getattr(t, "max_size", None)
-    if size is not None and not isinstance(size, int) and len(size) == 2:
-        fixed = (int(size[0]), int(size[1]))
+    fixed = (int(size[0]), int(size[1])) if size is not None and not isinstance(size, int) and len(size) == 2 else None
+    kind = pillow_kind(t.interpolation, state)
+    if kind is not None:
+        state.fixed_size = fixed
+        return exact_resize_step(transform_name(t), lambda: kind, state, alloc, fixed, size, max_size)
+    interp, antialias = resample_mode(t.interpolation, getattr(t, "antialias", True), state)
+    if fixed is not None:
         state.fixed_size = fixed
 
         def draw(g: SampleGeometry) -> None:

@@ -8,25 +8,40 @@ from __future__ import annotations
 
 from ..ir import ChainState, Crop, Resize, Step, ToCHW, ToFloat, Unsupported
 from . import register_named, transform_name
-from .geometry import resample_mode
+from .geometry import exact_resize_step, pillow_kind, resample_mode
 
 _M = "timm.data.transforms."
 
 
 @register_named(_M + "RandomResizedCropAndInterpolation")
 def random_resized_crop_and_interpolation(t, state: ChainState, alloc) -> Step:
-    if isinstance(t.interpolation, (tuple, list)):
-        raise Unsupported(f"{transform_name(t)}(interpolation='random') picks bilinear or bicubic per image; "
-                          "not translated")
-    interp, antialias = resample_mode(t.interpolation, True, state)
+    """timm's train crop; ``interpolation='random'`` (its train.py default) draws bilinear or
+    bicubic per image with ``random.choice``, after the box, as timm's ``__call__`` does: the
+    exact resize takes a filter per sample."""
+    import random
     out_h, out_w = (int(v) for v in t.size)
     slot = alloc(4)
     scale, ratio, get_params = t.scale, t.ratio, type(t).get_params
+    state.fixed_size = (out_h, out_w)
+    choices = tuple(t.interpolation) if isinstance(t.interpolation, (tuple, list)) else None
+    kinds = [pillow_kind(m, state, dali_can=choices is None) for m in (choices or (t.interpolation,))]
+
+    def box(g):
+        return get_params(g.standin(), scale, ratio)
+    if all(k is not None for k in kinds):
+        if choices is None:
+            return exact_resize_step(transform_name(t), lambda: kinds[0], state, alloc, (out_h, out_w), crop=box,
+                                     crop_slot=slot)
+        by_mode = dict(zip(choices, kinds))
+        return exact_resize_step(transform_name(t), lambda: by_mode[random.choice(choices)], state, alloc,
+                                 (out_h, out_w), crop=box, crop_slot=slot)
+    if choices is not None:
+        raise Unsupported(f"{transform_name(t)}(interpolation='random') on a {state.kind} image is not translated")
+    interp, antialias = resample_mode(t.interpolation, True, state)
 
     def draw(g) -> None:
-        g.params += list(get_params(g.standin(), scale, ratio))
+        g.params += list(box(g))
         g.height, g.width = out_h, out_w
-    state.fixed_size = (out_h, out_w)
     return Step(transform_name(t), [Crop(slot, in_bounds=True), Resize(interp, antialias, size=(out_h, out_w))], draw)
 
 

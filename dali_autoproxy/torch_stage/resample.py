@@ -1,0 +1,204 @@
+"""Pillow's resize as batched torch ops, exact to the last border pixel; and crops on the stage.
+
+What torchvision's ``resize`` and ``resized_crop`` do to a PIL image is Pillow's
+``Image.resize``: ImagingResample for BILINEAR, BICUBIC and BOX, its scale-only affine transform
+for NEAREST. ImagingResample is separable: for every output column (then row) Pillow computes
+the filter's weights in double precision over the input pixels under the filter's support,
+*clipped at the image's edge and renormalised* (which is where DALI's resize and every other
+GPU library differ: at the border), rounds them to 22-bit fixed point, sums in integers and
+rounds the sum to uint8 after each pass: horizontally first, then vertically on that uint8
+result (Pillow 13 swaps the two when the height shrinks far more than the width).
+
+Here the weights are Pillow's own (``coefficients``: its ``precompute_coeffs`` and
+``normalize_coeffs_8bpc`` in the C's operation order, cached per input and output size), laid
+out per sample as a dense [output, input] matrix, and each pass is one batched matrix product in
+float64: every product and partial sum is an integer below 2**53, so the products are exact
+whatever order the BLAS adds them in, and ``(s + 2**21) >> 22`` clipped to 0..255 is Pillow's
+``clip8``. Each sample has its own input box, output size and filter (timm draws bilinear or
+bicubic per image), so one batch is two products whatever it holds. NEAREST is the same product
+with one weight of 2**22 per output pixel, at Pillow's scale-affine source coordinates.
+
+Batches whose samples differ in size arrive padded to the largest (DALI's ``pad``); each kernel
+here reads the valid region of each sample from ``Batch.sizes`` and leaves the padding at 0.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..ir import PILLOW_FILTERS, Crop, PillowResize
+from .registry import Batch, kernel, upload
+
+NEAREST, BILINEAR, BICUBIC, BOX = (PILLOW_FILTERS[k] for k in ("nearest", "bilinear", "bicubic", "box"))
+_SUPPORT = {BOX: 0.5, BILINEAR: 1.0, BICUBIC: 2.0}
+PRECISION_BITS = 22  # Resample.c: 32 - 8 bits of result - 2 bits of overflow
+
+
+def _filter(kind: int, x: np.ndarray) -> np.ndarray:
+    """Resample.c's box_filter, bilinear_filter and bicubic_filter (a = -0.5), same operation order."""
+    if kind == BOX:
+        return np.where((x > -0.5) & (x <= 0.5), 1.0, 0.0)
+    x = np.abs(x)
+    if kind == BILINEAR:
+        return np.where(x < 1.0, 1.0 - x, 0.0)
+    a = -0.5
+    near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1
+    far = (((x - 5) * x + 8) * x - 4) * a
+    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+
+
+@functools.lru_cache(maxsize=8192)
+def coefficients(in_size: int, out_size: int, kind: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Pillow's weights for resizing ``in_size`` pixels (box 0..in_size) to ``out_size``: the first
+    input pixel of each output pixel (int64 [out]) and its fixed-point weights (int64 [out, k]),
+    zero past the pixels Pillow uses."""
+    if kind == NEAREST:  # ImagingScaleAffine: COORD of a running sum of the scale
+        step = float(np.float32(in_size)) / out_size
+        pos = np.add.accumulate(np.concatenate([[0.0 + step * 0.5], np.full(out_size - 1, step)]))
+        first = np.where(pos < 0, -1, pos.astype(np.int64))
+        inside = (first >= 0) & (first < in_size)
+        return np.where(inside, first, 0), np.where(inside, 1 << PRECISION_BITS, 0).astype(np.int64)[:, None]
+    scale = float(np.float32(in_size) - np.float32(0.0)) / out_size  # the box is single precision
+    filterscale = max(scale, 1.0)
+    support = _SUPPORT[kind] * filterscale
+    ksize = int(math.ceil(support)) * 2 + 1
+    inv_filterscale = 1.0 / filterscale
+    center = 0.0 + (np.arange(out_size) + 0.5) * scale
+    xmin = np.maximum((center - support + 0.5).astype(np.int64), 0)  # (int) truncates toward zero
+    xmax = np.minimum((center + support + 0.5).astype(np.int64), in_size) - xmin
+    taps = np.arange(ksize)
+    used = taps[None, :] < xmax[:, None]
+    w = np.where(used, _filter(kind, ((taps[None, :] + xmin[:, None]) - center[:, None] + 0.5) * inv_filterscale), 0.0)
+    ww = np.zeros(out_size)
+    for k in range(ksize):  # the C's sequential sum
+        ww = np.where(used[:, k], ww + w[:, k], ww)
+    nonzero = (ww != 0.0)[:, None]
+    k = np.where(nonzero, w / np.where(nonzero, ww[:, None], 1.0), w)
+    fixed = k * float(1 << PRECISION_BITS)
+    kk = np.trunc(np.where(k < 0, -0.5 + fixed, 0.5 + fixed)).astype(np.int64)  # normalize_coeffs_8bpc
+    return xmin, np.where(used, kk, 0)
+
+
+def _weights(in_sizes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, in_max: int, out_max: int,
+             device: torch.device) -> torch.Tensor:
+    """float64 [B, out_max, in_max]: each sample's Pillow weights as a dense matrix (zero rows past
+    its own output size, zero columns past its own input size)."""
+    rows = [coefficients(int(i), int(o), int(f)) for i, o, f in zip(in_sizes, out_sizes, kinds)]
+    taps = max(kk.shape[1] for _, kk in rows)
+    index = np.zeros((len(rows), out_max, taps), dtype=np.int64)
+    value = np.zeros((len(rows), out_max, taps), dtype=np.float64)
+    for b, (first, kk) in enumerate(rows):
+        n, k = kk.shape
+        index[b, :n, :k] = first[:, None] + np.arange(k)
+        value[b, :n, :k] = kk
+    np.clip(index, 0, in_max - 1, out=index)  # a zero weight may point anywhere
+    w = torch.zeros((len(rows), out_max, in_max), dtype=torch.float64, device=device)
+    return w.scatter_add_(2, upload(index, device), upload(value, device))
+
+
+def _clip8(s: torch.Tensor) -> torch.Tensor:
+    """Resample.c's clip8 of a sum that started at 1 << 21: (s >> 22) clipped to 0..255."""
+    return s.add_(float(1 << (PRECISION_BITS - 1))).mul_(2.0 ** -PRECISION_BITS).floor_().clamp_(0, 255)
+
+
+def _pillow_orders_passes() -> bool:
+    """Pillow 13 runs the vertical pass first when the height shrinks by more than twice as many
+    pixels as the width (python-pillow/Pillow#9549); before, always the horizontal one. The
+    intermediate is rounded to uint8, so the order changes the result."""
+    try:
+        import PIL
+        return int(PIL.__version__.split(".")[0]) >= 13
+    except Exception:  # pragma: no cover - no Pillow: torchvision's PIL path is not in use either
+        return True
+
+
+ORDERS_PASSES = _pillow_orders_passes()
+
+
+def vertical_first(in_hw: np.ndarray, out_hw: np.ndarray) -> np.ndarray:
+    """Per sample, whether this Pillow resizes vertically first (ImagingResampleInner)."""
+    shrink_y = in_hw[:, 0] - out_hw[:, 0]
+    if not ORDERS_PASSES:
+        return np.zeros(len(in_hw), dtype=bool)
+    return (shrink_y > 0) & (shrink_y > (in_hw[:, 1] - out_hw[:, 1]) * 2)
+
+
+def _two_passes(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
+                columns_first: bool) -> torch.Tensor:
+    b, c, h, w = x.shape
+    out_h, out_w = int(out_hw[:, 0].max()), int(out_hw[:, 1].max())
+    horizontal = _weights(in_hw[:, 1], out_hw[:, 1], kinds, w, out_w, x.device)  # [B, out_w, W]
+    vertical = _weights(in_hw[:, 0], out_hw[:, 0], kinds, h, out_h, x.device)    # [B, out_h, H]
+    x = x.to(torch.float64)
+    if columns_first:  # the horizontal pass, then the vertical one on its uint8 result
+        rows = _clip8(torch.bmm(x.reshape(b, c * h, w), horizontal.transpose(1, 2))).view(b, c, h, out_w)
+        return _clip8(torch.matmul(vertical.unsqueeze(1), rows))
+    cols = _clip8(torch.matmul(vertical.unsqueeze(1), x))  # [B, C, out_h, W]
+    return _clip8(torch.bmm(cols.reshape(b, c * out_h, w), horizontal.transpose(1, 2))).view(b, c, out_h, out_w)
+
+
+def pillow_resize(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray) -> torch.Tensor:
+    """``Image.resize`` of each sample: x [B, C, H, W] of whole numbers 0..255, sample b valid in
+    its top-left in_hw[b] = (height, width), resized to out_hw[b] with Pillow's filter kinds[b];
+    out [B, C, max height, max width] (float32, zero past each sample's size)."""
+    in_hw, out_hw = np.asarray(in_hw, dtype=np.int64), np.asarray(out_hw, dtype=np.int64)
+    kinds = np.asarray(kinds, dtype=np.int64)
+    order = vertical_first(in_hw, out_hw)
+    if not order.any() or order.all():
+        return _two_passes(x, in_hw, out_hw, kinds, columns_first=not order[0]).to(torch.float32)
+    out = x.new_zeros((x.shape[0], x.shape[1], int(out_hw[:, 0].max()), int(out_hw[:, 1].max())))
+    for rows_first in (False, True):
+        idx = np.flatnonzero(order == rows_first)
+        part = _two_passes(x.index_select(0, upload(idx, x.device)), in_hw[idx], out_hw[idx], kinds[idx],
+                           columns_first=not rows_first)
+        out[upload(idx, x.device), :, :part.shape[2], :part.shape[3]] = part.to(out.dtype)
+    return out
+
+
+@kernel(PillowResize)
+def _pillow_resize(x: torch.Tensor, op: PillowResize, batch: Batch) -> torch.Tensor:
+    p = batch.host[:, op.slot:op.slot + 5].astype(np.int64)
+    out = pillow_resize(x, p[:, 0:2], p[:, 2:4], p[:, 4])
+    batch.sizes = p[:, 2:4]
+    return out
+
+
+def _valid_sizes(x: torch.Tensor, batch: Batch) -> np.ndarray:
+    if batch.sizes is not None:
+        return batch.sizes
+    return np.tile(np.asarray([x.shape[2], x.shape[3]], dtype=np.int64), (x.shape[0], 1))
+
+
+@kernel(Crop)
+def _crop(x: torch.Tensor, op: Crop, batch: Batch) -> torch.Tensor:
+    """Each sample's box [top, left, height, width] of its valid region; outside it ``op.fill``
+    (how Pad and padded crops are expressed), past the box's own size (samples of other sizes) 0."""
+    boxes = batch.host[:, op.slot:op.slot + 4].astype(np.int64)
+    sizes = _valid_sizes(x, batch)
+    n, c = x.shape[0], x.shape[1]
+    out_h, out_w = int(boxes[:, 2].max()), int(boxes[:, 3].max())
+    ys = boxes[:, 0:1] + np.arange(out_h)[None, :]  # [B, out_h]
+    xs = boxes[:, 1:2] + np.arange(out_w)[None, :]
+    in_box = (np.arange(out_h)[None, :, None] < boxes[:, 2, None, None]) & \
+             (np.arange(out_w)[None, None, :] < boxes[:, 3, None, None])
+    inside = ((ys >= 0) & (ys < sizes[:, 0:1]))[:, :, None] & ((xs >= 0) & (xs < sizes[:, 1:2]))[:, None, :]
+    dev = x.device
+    yi = upload(np.clip(ys, 0, x.shape[2] - 1), dev)
+    xi = upload(np.clip(xs, 0, x.shape[3] - 1), dev)
+    bi = torch.arange(n, device=dev).view(n, 1, 1)
+    picked = x.permute(0, 2, 3, 1)[bi, yi[:, :, None], xi[:, None, :]]  # [B, out_h, out_w, C]
+    values = [float(v) for v in op.fill]
+    fill = torch.tensor(values if len(values) == c else values[:1] * c, dtype=x.dtype).to(dev)
+    inside_t, in_box_t = upload(inside, dev).unsqueeze(-1), upload(in_box, dev).unsqueeze(-1)
+    out = torch.where(inside_t, picked, torch.where(in_box_t, fill, torch.zeros((), dtype=x.dtype, device=dev)))
+    batch.sizes = boxes[:, 2:4]
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+def uniform(sizes: Optional[np.ndarray]) -> bool:
+    """Whether every sample of the batch has the same (height, width)."""
+    return sizes is None or bool((sizes == sizes[0]).all())
