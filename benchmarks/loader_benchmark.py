@@ -10,6 +10,7 @@ decode (CenterCrop + PILToTensor: decoding is nearly all the work).
 Modes (each on the same corpus, batch size, workers and transforms):
   torchvision      plain DataLoader, PIL decode + torchvision transforms in the workers
   autoproxy        the same loader object code after dali_autoproxy.enable()
+  autoproxy_fast   the same with enable(fidelity="fast"): DALI's approximate resize and colour operators
   dali_proxy       a hand-written DALI proxy pipeline (nvidia.dali.plugin.pytorch.experimental.proxy),
                    workers read file bytes, DALI decodes (ROI decode for train) on the device; DALI's
                    own operators (color_twist, auto_aug) for the heavy and trivialaugment pipelines
@@ -18,11 +19,11 @@ Modes (each on the same corpus, batch size, workers and transforms):
                    decodes the batch with torchvision.io.decode_jpeg(device="cuda") and runs the v2
                    transforms on the GPU tensors
 
-Every batch is moved to the GPU (when there is one) as a training loop would; the first
---warmup batches of each run are not timed. By default that is the deepest queue of the modes
-(autoproxy's look-ahead, the hand-written proxy's 2 batches per worker), at most half the epoch:
-a loader that queues k batches ahead has done part of their work before a shorter warm-up
-ends, which would count work done before the timer started. CPU time is the process tree's (main, DALI
+Every batch is moved to the GPU (when there is one) as a training loop would; the first and
+the last --warmup batches of each run are not timed (steady state, see consume). By default that
+is the deepest queue of the modes (autoproxy's look-ahead, the hand-written proxy's 2 batches per
+worker), at most a third of the epoch: a loader that queues k batches ahead has done part of
+their work before a shorter warm-up ends, and drains its queue after its last batch is made. CPU time is the process tree's (main, DALI
 threads and the joined workers) per 1,000 images.
 
     python benchmarks/loader_benchmark.py --images 8192 --workers 4 8 15 --out benchmarks/results/h200.json
@@ -83,15 +84,20 @@ def cpu_seconds() -> float:
 
 
 def auto_warmup(workers: int, n_batches: int) -> int:
-    """Batches to leave untimed: as many as the deepest queue ahead of the loop (autoproxy's
-    look-ahead + 1, the hand-written proxy's prefetch of 2 per worker), at most half the epoch."""
+    """Batches to leave untimed at each end of the epoch: as many as the deepest queue ahead of the
+    loop (autoproxy's look-ahead + 1, the hand-written proxy's prefetch of 2 per worker), at most a
+    third of the epoch, so that something is timed between the two."""
     from dali_autoproxy.config import resolve_options
     depth = max(resolve_options().lookahead + 1, 2 * max(1, workers))
-    return max(3, min(depth, n_batches // 2))
+    return max(1, min(depth, n_batches // 3))
 
 
-def consume(batches, device: str, warmup: int):
-    """Iterate like a training loop; return (images timed, seconds timed)."""
+def consume(batches, device: str, warmup: int, total: int = 0):
+    """Iterate like a training loop; return (images timed, seconds timed). Steady state: the clock
+    runs from batch ``warmup`` to batch ``total - warmup`` of the ``total`` in the epoch, so every
+    queue ahead of the loop is full when it starts and still full when it stops (work queued
+    before the start, or drained after the loader stopped producing, is never counted)."""
+    stop = total - warmup if total > 2 * warmup else None
     n, t0 = 0, None
     for i, (x, y) in enumerate(batches):
         if device == "cuda":
@@ -101,6 +107,8 @@ def consume(batches, device: str, warmup: int):
             if device == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
+        if i == stop:
+            break
         if i >= warmup:
             n += x.shape[0]
     if device == "cuda":
@@ -108,17 +116,17 @@ def consume(batches, device: str, warmup: int):
     return n, time.perf_counter() - (t0 or time.perf_counter())
 
 
-def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=False):
+def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=False, fidelity="exact"):
     import torchvision
     import dali_autoproxy
     if autoproxy:
-        dali_autoproxy.enable(device=dali_device, log_level="WARNING")
+        dali_autoproxy.enable(device=dali_device, log_level="WARNING", fidelity=fidelity)
     try:
         ds = torchvision.datasets.ImageFolder(root, transform=tv_transform(kind))
         loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=kind != "eval",
                                              num_workers=workers, pin_memory=torch.cuda.is_available(),
                                              drop_last=False)
-        n, dt = consume(loader, "cuda" if torch.cuda.is_available() else "cpu", warmup)
+        n, dt = consume(loader, "cuda" if torch.cuda.is_available() else "cpu", warmup, len(loader))
         rep = dali_autoproxy.report()[-1] if autoproxy else None
         del loader
         gc.collect()
@@ -199,7 +207,7 @@ def run_dali_proxy(root, kind, workers, batch, warmup, dali_device, threads):
         ds = torchvision.datasets.ImageFolder(root, transform=server.proxy, loader=_read_bytes)
         loader = dali_proxy.DataLoader(server, ds, batch_size=batch, num_workers=workers,
                                        shuffle=kind != "eval", drop_last=False)
-        n, dt = consume(loader, "cuda" if dali_device == "gpu" else "cpu", warmup)
+        n, dt = consume(loader, "cuda" if dali_device == "gpu" else "cpu", warmup, len(loader))
         del loader
     gc.collect()
     return n, dt
@@ -216,7 +224,8 @@ def run_dali_native(root, kind, workers, batch, warmup, dali_device, threads):
 
     p = pipe(batch_size=batch, num_threads=threads, device_id=0 if dali_device == "gpu" else None)
     it = DALIGenericIterator(p, ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.PARTIAL)
-    n, dt = consume(((b[0]["x"], b[0]["y"]) for b in it), "cuda" if dali_device == "gpu" else "cpu", warmup)
+    n, dt = consume(((b[0]["x"], b[0]["y"]) for b in it), "cuda" if dali_device == "gpu" else "cpu", warmup,
+                    -(-p.epoch_size("reader") // batch))
     del it, p
     gc.collect()
     return n, dt
@@ -242,7 +251,7 @@ def run_decode_jpeg_gpu(root, kind, workers, batch, warmup, dali_device, threads
             imgs = torchvision.io.decode_jpeg([torch.from_numpy(d) for d in datas], device="cuda",
                                               mode=torchvision.io.ImageReadMode.RGB)
             yield torch.stack([tf(img) for img in imgs]), y
-    n, dt = consume(batches(), "cuda", warmup)
+    n, dt = consume(batches(), "cuda", warmup, len(loader))
     gc.collect()
     return n, dt
 
@@ -268,7 +277,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, nargs="+", default=[128])
     ap.add_argument("--pipelines", nargs="+", default=["train", "eval"], choices=PIPELINES)
     ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy", "dali_proxy", "dali_native"],
-                    choices=["torchvision", "autoproxy", "dali_proxy", "dali_native", "decode_jpeg_gpu"])
+                    choices=["torchvision", "autoproxy", "autoproxy_fast", "dali_proxy", "dali_native",
+                             "decode_jpeg_gpu"])
     ap.add_argument("--warmup", type=int, default=None,
                     help="batches not timed (default: the deepest queue of the modes, at most half the epoch)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode, interleaved; the median is reported")
@@ -295,6 +305,7 @@ def main(argv=None):
     print(json.dumps({"corpus": corpus, "env": env}), flush=True)
     runners = {"torchvision": lambda *x: run_torchvision(*x[:6]),
                "autoproxy": lambda *x: run_torchvision(*x[:6], autoproxy=True),
+               "autoproxy_fast": lambda *x: run_torchvision(*x[:6], autoproxy=True, fidelity="fast"),
                "dali_proxy": run_dali_proxy, "dali_native": run_dali_native,
                "decode_jpeg_gpu": run_decode_jpeg_gpu}
     results = []

@@ -61,11 +61,14 @@ class PillowResize:
     with Pillow's filter params[slot+4] (its NEAREST 0, BILINEAR 2, BICUBIC 3 or BOX 4), so one
     batch may mix filters (timm draws one per image). Exact, border included: Pillow's clipped and
     renormalised weights in its fixed point (torch_stage/resample.py); DALI's resize differs at
-    the edges, so it is used only with ``fidelity="fast"``. Accepts samples of different sizes."""
+    the edges, so it is used only with ``fidelity="fast"``. Accepts samples of different sizes.
+    ``size``: the output size when it is the same for every sample (it names the plan, so that
+    chains resizing to different sizes get pipelines whose batches stay of one size)."""
     placement: ClassVar[Placement] = Placement.TORCH
     keeps_size: ClassVar[bool] = False
     ragged: ClassVar[bool] = True
     slot: int
+    size: Optional[Tuple[int, int]] = None
 
 
 @dataclass(frozen=True)

@@ -281,15 +281,20 @@ def _replace(obj: Any, table: Dict[int, torch.Tensor]) -> Any:
     return obj
 
 
-def _own_frames_dropped(exc: BaseException, owner: Any) -> BaseException:
-    """``exc`` without the traceback frames of ``owner``'s methods. An exception kept for later
-    (an error queued in its place in the batch order) holds its traceback, whose frames hold their
-    locals: frames of the iterator itself would make a cycle that keeps the iterator, and the
-    DataLoader's workers, alive after a ``break`` until the next garbage collection."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_locals.get("self") is owner:
-        tb = tb.tb_next
-    return exc.with_traceback(tb)
+def _without_frames(exc: BaseException) -> BaseException:
+    """``exc`` (and the exceptions chained to it) without tracebacks, to be raised later in its
+    place in the batch order. A kept traceback holds its frames, and each frame its caller
+    (``f_back``): the iterator's own frames among them, a cycle that would keep the iterator,
+    and the DataLoader's workers, alive after a ``break`` until the next garbage collection.
+    What the user reads stays: a worker's error carries the worker's traceback in its message,
+    as the DataLoader raises it."""
+    seen = set()
+    e: "BaseException | None" = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return exc
 
 
 class _InFlight:
@@ -391,7 +396,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         except StopIteration:
             return None
         except Exception as exc:  # raised in its place in the batch order, as the DataLoader does
-            return _InFlight(error=_own_frames_dropped(exc, self))
+            return _InFlight(error=_without_frames(exc))
         index = self._self_count
         self._self_count += 1
         proxies: List[ProxyBatch] = []

@@ -86,5 +86,5 @@ def test_loader_benchmark_leaves_the_deepest_queue_untimed():
     from dali_autoproxy.config import Options
     assert auto_warmup(8, 256) == max(Options.lookahead + 1, 16)
     assert auto_warmup(15, 256) == max(Options.lookahead + 1, 30)
-    assert auto_warmup(8, 10) == 5  # at most half the epoch
-    assert auto_warmup(0, 2) == 3
+    assert auto_warmup(8, 10) == 3  # at most a third of the epoch
+    assert auto_warmup(0, 2) == 1

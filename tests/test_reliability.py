@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 import torch
+import torchvision
 import torchvision.transforms as T
 from PIL import Image
 from torch.utils.data import DataLoader
@@ -508,3 +509,43 @@ def test_after_a_killed_worker_no_worker_is_left_and_the_next_epoch_is_clean(pho
                 break
         assert "LEFT 0" in res.stdout, (auto, res.stdout, res.stderr[-2000:])
         assert "NEXT 24" in res.stdout and "AssertionError" not in res.stderr, (auto, res.stdout, res.stderr[-2000:])
+
+
+def _lambda_identity(img):
+    return img
+
+
+class _BadSampleFolder(torchvision.datasets.ImageFolder):
+    def __getitem__(self, i):
+        if i == 5:
+            raise ValueError("bad sample 5")
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("case", ["fallback", "partial", "queued error"])
+def test_an_abandoned_iterator_is_freed_without_the_garbage_collector(photo_root, case):
+    """A reason or an error kept as an exception holds its traceback, whose frames (and their
+    callers) hold the loader's iterator: a reference cycle that keeps its workers alive after a
+    ``break`` until a garbage collection, seconds later. With the collector off, dropping the
+    iterator must free it at once, as plain torchvision's is: a chain that falls back, one that
+    is partly offloaded, and one whose next batch (already queued) is an error."""
+    import weakref
+    steps = {"fallback": [T.CenterCrop(48), T.Lambda(_lambda_identity), T.PILToTensor()],
+             "partial": [T.RandomResizedCrop(48), T.Lambda(_lambda_identity), T.RandomHorizontalFlip(), T.ToTensor()],
+             "queued error": [T.RandomResizedCrop(48), T.ToTensor()]}[case]
+    ds = (_BadSampleFolder if case == "queued error" else torchvision.datasets.ImageFolder)(photo_root,
+                                                                                            T.Compose(steps))
+    dali_autoproxy.enable(device="cpu", log_level="ERROR")
+    gc.collect()
+    gc.disable()
+    try:
+        it = iter(DataLoader(ds, batch_size=4, num_workers=2))
+        next(it)
+        if case == "queued error":
+            time.sleep(1.0)  # the look-ahead has pulled the failing batch
+        inner = weakref.ref(getattr(it, "__wrapped__", it))
+        del it
+        assert inner() is None, "the iterator is kept alive by a reference cycle"
+    finally:
+        gc.enable()
+        dali_autoproxy.disable()

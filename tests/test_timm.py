@@ -35,9 +35,35 @@ def test_to_numpy_and_maybe_pil_to_tensor(photo_root):
         compare(ref, out, normalized=False)
 
 
-def test_random_interpolation_and_resize_keep_ratio_say_why():
-    assert "interpolation='random'" in why_not(T.Compose([RandomResizedCropAndInterpolation(64, interpolation="random"),
-                                                          T.ToTensor()]))
+def test_random_interpolation_is_drawn_per_image_as_timm_draws_it(photo_root):
+    """timm's train.py default, interpolation='random': bilinear or bicubic per image by
+    ``random.choice`` after the box; the batch is resized with each image's own filter, exact."""
+    tf = T.Compose([RandomResizedCropAndInterpolation(64, interpolation="random"), T.PILToTensor()])
+    ds = image_folder(photo_root, tf)
+    ref = load_all(ds, autoproxy=False, shuffle=True, seed=6, worker_init_fn=_seed_python_random)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=6, worker_init_fn=_seed_python_random)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode_on_dali"] and not rep["partial"], rep
+    for (a, la), (b, lb) in zip(ref, out):
+        assert torch.equal(la, lb) and torch.equal(a, b)  # every pixel, the border included
+    kinds = {row[-1] for row in _drawn_rows(tf, 40)}
+    assert kinds == {2, 3}  # both of Pillow's filters were drawn
+
+
+def _seed_python_random(worker_id):
+    import random
+    random.seed(1000 + worker_id)
+
+
+def _drawn_rows(tf, n):
+    import random
+    from dali_autoproxy.planning import build_plan
+    plan = build_plan(tf)
+    random.seed(0)
+    return [plan.draw(300, 400) for _ in range(n)]
+
+
+def test_resize_keep_ratio_says_why():
     from timm.data.transforms import ResizeKeepRatio
     assert "ResizeKeepRatio is not translated" in why_not(T.Compose([ResizeKeepRatio(64), T.ToTensor()]))
 

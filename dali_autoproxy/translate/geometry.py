@@ -82,7 +82,7 @@ def exact_resize_step(name: str, kinds, state: ChainState, alloc, out_size: Opti
         out_h, out_w = out_size if out_size is not None else resized_output_size(g.height, g.width, size, max_size)
         g.params += [g.height, g.width, out_h, out_w, kinds()]
         g.height, g.width = out_h, out_w
-    ops = ([Crop(crop_slot, in_bounds=True)] if crop is not None else []) + [PillowResize(slot)]
+    ops = ([Crop(crop_slot, in_bounds=True)] if crop is not None else []) + [PillowResize(slot, out_size)]
     return Step(name, ops, draw)
 
 
