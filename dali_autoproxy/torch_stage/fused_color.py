@@ -98,6 +98,13 @@ def tensor_color_jitter_v2(x: torch.Tensor, order: np.ndarray, factors: np.ndarr
                    MEAN_BY_DIVISION=not x.is_cuda)
 
 
+def disable(why: str) -> None:
+    """A kernel failed: the torch ops serve from now on (logged once)."""
+    if _STATE["usable"] is not False:
+        log.warning("%s: colour, policy and resize operations run as torch ops", why)
+    _STATE["usable"] = False
+
+
 def _to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.pin_memory().to(like.device, non_blocking=True) if like.is_cuda else t
 

@@ -100,6 +100,61 @@ def _weights(in_sizes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, in_
     return w.scatter_add_(2, upload(index, device), upload(value, device))
 
 
+def _tables(in_sizes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, out_max: int):
+    """Each sample's Pillow weights in compact form: the first input pixel of each output pixel
+    (int32 [B, out_max]) and its weights (int32 [B, out_max, K]); zero past each sample's size."""
+    rows = [coefficients(int(i), int(o), int(f)) for i, o, f in zip(in_sizes, out_sizes, kinds)]
+    taps = max(kk.shape[1] for _, kk in rows)
+    first = np.zeros((len(rows), out_max), dtype=np.int32)
+    weights = np.zeros((len(rows), out_max, taps), dtype=np.int32)
+    for b, (start, kk) in enumerate(rows):
+        n, k = kk.shape
+        first[b, :n] = start
+        weights[b, :n, :k] = kk
+    return first, weights
+
+
+def _triton_pass(kernel, x: torch.Tensor, in_sizes, out_sizes, kinds, along: int) -> torch.Tensor:
+    """One pass of Pillow's resample along axis ``along`` (2: rows, 3: columns) of x [B, C, H, W]."""
+    b, c = x.shape[0], x.shape[1]
+    n_in, n_across = x.shape[along], x.shape[5 - along]
+    n_out = int(np.max(out_sizes))
+    first, weights = _tables(in_sizes, out_sizes, kinds, n_out)
+    first_t, weights_t = upload(first, x.device), upload(weights, x.device)
+    shape = [b, c, 0, 0]
+    shape[along], shape[5 - along] = n_out, n_across
+    out = torch.empty(shape, dtype=torch.float32, device=x.device)
+    s, d = x.stride(), out.stride()
+    grid = (b * c, triton_cdiv(n_out, 32), triton_cdiv(n_across, 32))
+    kernel[grid](x, out, first_t, weights_t, n_out, n_across, n_in, weights.shape[2], c,
+                 s[0], s[1], s[along], s[5 - along], d[0], d[1], d[along], d[5 - along],
+                 BLOCK_O=32, BLOCK_A=32, num_warps=4)
+    return out
+
+
+def triton_cdiv(n: int, k: int) -> int:
+    return (int(n) + k - 1) // k
+
+
+def _two_passes_triton(kernel, x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
+                       columns_first: bool) -> torch.Tensor:
+    x = x.to(torch.float32)
+    if columns_first:
+        rows = _triton_pass(kernel, x, in_hw[:, 1], out_hw[:, 1], kinds, along=3)
+        return _triton_pass(kernel, rows, in_hw[:, 0], out_hw[:, 0], kinds, along=2)
+    cols = _triton_pass(kernel, x, in_hw[:, 0], out_hw[:, 0], kinds, along=2)
+    return _triton_pass(kernel, cols, in_hw[:, 1], out_hw[:, 1], kinds, along=3)
+
+
+def _triton_kernel(x: torch.Tensor):
+    """The Triton resample kernel where the fused kernels run (CUDA, Triton, not switched off)."""
+    from . import fused_color
+    if not fused_color.usable(x):
+        return None
+    from . import _triton_resample
+    return _triton_resample.resample_axis
+
+
 def _clip8(s: torch.Tensor) -> torch.Tensor:
     """Resample.c's clip8 of a sum that started at 1 << 21: (s >> 22) clipped to 0..255."""
     return s.add_(float(1 << (PRECISION_BITS - 1))).mul_(2.0 ** -PRECISION_BITS).floor_().clamp_(0, 255)
@@ -148,13 +203,28 @@ def pillow_resize(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds:
     in_hw, out_hw = np.asarray(in_hw, dtype=np.int64), np.asarray(out_hw, dtype=np.int64)
     kinds = np.asarray(kinds, dtype=np.int64)
     order = vertical_first(in_hw, out_hw)
+    kernel = _triton_kernel(x) if not _FORCE_TORCH_OPS else None
+    if kernel is not None:
+        try:
+            return _by_order(lambda *a: _two_passes_triton(kernel, *a), x, in_hw, out_hw, kinds, order)
+        except Exception as e:  # noqa: BLE001 - a build or launch failure must not stop training
+            from . import fused_color
+            fused_color.disable(f"the Triton resample kernel failed ({type(e).__name__}: {e})")
+    return _by_order(_two_passes, x, in_hw, out_hw, kinds, order)
+
+
+_FORCE_TORCH_OPS = False  # tests: the float64 products even where Triton runs
+
+
+def _by_order(two_passes, x, in_hw, out_hw, kinds, order) -> torch.Tensor:
+    """``two_passes`` on the samples Pillow resizes columns first, then on the others."""
     if not order.any() or order.all():
-        return _two_passes(x, in_hw, out_hw, kinds, columns_first=not order[0]).to(torch.float32)
+        return two_passes(x, in_hw, out_hw, kinds, not order[0]).to(torch.float32)
     out = x.new_zeros((x.shape[0], x.shape[1], int(out_hw[:, 0].max()), int(out_hw[:, 1].max())))
     for rows_first in (False, True):
         idx = np.flatnonzero(order == rows_first)
-        part = _two_passes(x.index_select(0, upload(idx, x.device)), in_hw[idx], out_hw[idx], kinds[idx],
-                           columns_first=not rows_first)
+        part = two_passes(x.index_select(0, upload(idx, x.device)), in_hw[idx], out_hw[idx], kinds[idx],
+                          not rows_first)
         out[upload(idx, x.device), :, :part.shape[2], :part.shape[3]] = part.to(out.dtype)
     return out
 

@@ -1,0 +1,142 @@
+"""Pillow's resize in the torch stage (torch_stage/resample.py) against Pillow itself, every
+pixel, the border included: the float64 products (CPU, and the fallback), the Triton kernel (in
+Triton's interpreter on the CPU; compiled on the GPU), and the issue's four loaders end to end
+on DALI's CPU backend."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+import torchvision.transforms as T
+from PIL import Image
+
+from helpers import load_all, last_report
+from photos import make_photo_folder, photographs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FILTERS = {"nearest": 0, "bilinear": 2, "bicubic": 3, "box": 4}
+
+
+def _batch(rng, n, max_side=160, max_out=120):
+    """n random crops of photographs (each its own size), padded into one batch, with random
+    output sizes and filters: (x, in_hw, out_hw, kinds, crops)."""
+    photos = photographs()
+    crops, ins, outs = [], [], []
+    for b in range(n):
+        img = photos[b % len(photos)]
+        h, w = (int(rng.integers(2, min(max_side, s))) for s in img.shape[:2])
+        t, l = int(rng.integers(0, img.shape[0] - h)), int(rng.integers(0, img.shape[1] - w))
+        crops.append(np.ascontiguousarray(img[t:t + h, l:l + w]))
+        ins.append((h, w))
+        outs.append((int(rng.integers(1, max_out)), int(rng.integers(1, max_out))))
+    x = torch.zeros(n, 3, max(i[0] for i in ins), max(i[1] for i in ins))
+    for b, c in enumerate(crops):
+        x[b, :, :c.shape[0], :c.shape[1]] = torch.from_numpy(c).permute(2, 0, 1).float()
+    kinds = rng.choice(list(FILTERS.values()), n)
+    return x, np.array(ins), np.array(outs), kinds, crops
+
+
+def differences_from_pillow(resize, seed: int, batches: int, n: int = 6) -> dict:
+    """Samples whose resize differs from Pillow's anywhere, of all those tried."""
+    rng = np.random.default_rng(seed)
+    total = bad = 0
+    for _ in range(batches):
+        x, ins, outs, kinds, crops = _batch(rng, n)
+        out = resize(x, ins, outs, kinds).cpu()
+        for b in range(n):
+            ref = np.asarray(Image.fromarray(crops[b]).resize((int(outs[b][1]), int(outs[b][0])), int(kinds[b])))
+            got = out[b, :, :outs[b][0], :outs[b][1]].permute(1, 2, 0).numpy().astype(np.uint8)
+            padding_zero = bool((out[b, :, outs[b][0]:, :] == 0).all() and (out[b, :, :, outs[b][1]:] == 0).all())
+            total += 1
+            bad += int((ref != got).any() or not padding_zero)
+    return {"samples": total, "different_from_pillow": bad}
+
+
+def test_float64_products_equal_pillow_on_photographs():
+    from dali_autoproxy.torch_stage import resample
+    resample._FORCE_TORCH_OPS = True
+    try:
+        assert differences_from_pillow(resample.pillow_resize, 0, 20) == {"samples": 120, "different_from_pillow": 0}
+    finally:
+        resample._FORCE_TORCH_OPS = False
+
+
+def test_pass_order_follows_pillow():
+    """Pillow 13 resizes vertically first when the height shrinks by more than twice as many
+    pixels as the width; the two orders round differently, so the rule is checked on a case
+    where they disagree."""
+    import PIL
+    from dali_autoproxy.torch_stage.resample import vertical_first
+    order = vertical_first(np.array([[300, 200], [300, 200]]), np.array([[50, 190], [290, 100]]))
+    assert list(order) == ([True, False] if int(PIL.__version__.split(".")[0]) >= 13 else [False, False])
+
+
+def _triton_resize(x, ins, outs, kinds):
+    from dali_autoproxy.torch_stage import resample
+    from dali_autoproxy.torch_stage import _triton_resample
+    order = resample.vertical_first(ins, outs)
+    return resample._by_order(lambda *a: resample._two_passes_triton(_triton_resample.resample_axis, *a),
+                              x.to(DEVICE), ins, outs, kinds, order)
+
+
+DEVICE = "cpu"
+
+
+def _version(text: str):
+    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
+
+
+def test_triton_kernel_in_tritons_interpreter_equals_pillow():
+    triton = pytest.importorskip("triton")
+    if _version(triton.__version__) < (3, 8):
+        pytest.skip("Triton's interpreter before 3.8 cannot take a runtime loop bound under NumPy 2")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(HERE))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "cpu"], capture_output=True, text=True,
+                         timeout=600, env=env, cwd=HERE)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"samples": 24, "different_from_pillow": 0}
+
+
+@pytest.mark.gpu
+def test_triton_kernel_on_the_gpu_equals_pillow():
+    global DEVICE
+    DEVICE = "cuda"
+    try:
+        assert differences_from_pillow(_triton_resize, 2, 30) == {"samples": 180, "different_from_pillow": 0}
+    finally:
+        DEVICE = "cpu"
+
+
+@pytest.fixture(scope="module")
+def photos_33(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("photos33"))
+    make_photo_folder(root, per_class=11)
+    return root
+
+
+@pytest.mark.parametrize("name,chain", [
+    ("RandomResizedCrop(224)", [T.RandomResizedCrop(224)]),
+    ("RandomResizedCrop(64)", [T.RandomResizedCrop(64)]),
+    ("Resize(224), CenterCrop(224)", [T.Resize(224), T.CenterCrop(224)]),
+    ("Resize(64), CenterCrop(64)", [T.Resize(64), T.CenterCrop(64)]),
+])
+def test_resized_loaders_equal_plain_torchvision_border_included(photos_33, name, chain):
+    """The four loaders of the resampling issue, same seed and draws: 0 levels anywhere."""
+    ds = torchvision.datasets.ImageFolder(photos_33, T.Compose(chain + [T.PILToTensor()]))
+    kw = dict(seed=11, shuffle=True, batch_size=8)
+    ref = load_all(ds, autoproxy=False, **kw)
+    out = load_all(ds, autoproxy=True, **kw)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode_on_dali"] and not rep["partial"], rep
+    assert sum(len(y) for _, y in out) >= 32
+    for (a, la), (b, lb) in zip(ref, out):
+        assert torch.equal(la, lb) and torch.equal(a, b)
+
+
+if __name__ == "__main__":  # the interpreter test's subprocess
+    DEVICE = sys.argv[1]
+    print(json.dumps(differences_from_pillow(_triton_resize, 1, 4)))
