@@ -9,8 +9,8 @@ GPU library differ: at the border), rounds them to 22-bit fixed point, sums in i
 rounds the sum to uint8 after each pass: horizontally first, then vertically on that uint8
 result (Pillow 13 swaps the two when the height shrinks far more than the width).
 
-Here the weights are Pillow's own (``coefficients``: its ``precompute_coeffs`` and
-``normalize_coeffs_8bpc`` in the C's operation order, cached per input and output size), laid
+Here the weights are Pillow's own (``batch_coefficients``: its ``precompute_coeffs`` and
+``normalize_coeffs_8bpc`` in the C's operation order, for the whole batch at once), laid
 out per sample as a dense [output, input] matrix, and each pass is one batched matrix product in
 float64: every product and partial sum is an integer below 2**53, so the products are exact
 whatever order the BLAS adds them in, and ``(s + 2**21) >> 22`` clipped to 0..255 is Pillow's
@@ -23,8 +23,6 @@ here reads the valid region of each sample from ``Batch.sizes`` and leaves the p
 """
 from __future__ import annotations
 
-import functools
-import math
 from typing import Optional, Tuple
 
 import numpy as np
@@ -38,80 +36,99 @@ _SUPPORT = {BOX: 0.5, BILINEAR: 1.0, BICUBIC: 2.0}
 PRECISION_BITS = 22  # Resample.c: 32 - 8 bits of result - 2 bits of overflow
 
 
-def _filter(kind: int, x: np.ndarray) -> np.ndarray:
-    """Resample.c's box_filter, bilinear_filter and bicubic_filter (a = -0.5), same operation order."""
+def _filter(kind: int, x: torch.Tensor) -> torch.Tensor:
+    """Resample.c's box_filter, bilinear_filter and bicubic_filter (a = -0.5), same operation
+    order, float64, one torch op per C operation (so nothing is contracted into a multiply-add)."""
     if kind == BOX:
-        return np.where((x > -0.5) & (x <= 0.5), 1.0, 0.0)
-    x = np.abs(x)
+        return ((x > -0.5) & (x <= 0.5)).to(torch.float64)
+    x = x.abs()
     if kind == BILINEAR:
-        return np.where(x < 1.0, 1.0 - x, 0.0)
+        return torch.where(x < 1.0, 1.0 - x, 0.0)
     a = -0.5
-    near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1
-    far = (((x - 5) * x + 8) * x - 4) * a
-    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+    near = (((x * (a + 2.0)) - (a + 3.0)) * x) * x + 1
+    far = ((((x - 5) * x) + 8) * x - 4) * a
+    return torch.where(x < 1.0, near, torch.where(x < 2.0, far, 0.0))
 
 
-@functools.lru_cache(maxsize=8192)
-def coefficients(in_size: int, out_size: int, kind: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Pillow's weights for resizing ``in_size`` pixels (box 0..in_size) to ``out_size``: the first
-    input pixel of each output pixel (int64 [out]) and its fixed-point weights (int64 [out, k]),
-    zero past the pixels Pillow uses."""
-    if kind == NEAREST:  # ImagingScaleAffine: COORD of a running sum of the scale
-        step = float(np.float32(in_size)) / out_size
-        pos = np.add.accumulate(np.concatenate([[0.0 + step * 0.5], np.full(out_size - 1, step)]))
-        first = np.where(pos < 0, -1, pos.astype(np.int64))
-        inside = (first >= 0) & (first < in_size)
-        return np.where(inside, first, 0), np.where(inside, 1 << PRECISION_BITS, 0).astype(np.int64)[:, None]
-    scale = float(np.float32(in_size) - np.float32(0.0)) / out_size  # the box is single precision
-    filterscale = max(scale, 1.0)
-    support = _SUPPORT[kind] * filterscale
-    ksize = int(math.ceil(support)) * 2 + 1
+def batch_coefficients(in_sizes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, out_max: int,
+                       device: torch.device = torch.device("cpu")) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Pillow's weights for resizing sample b's ``in_sizes[b]`` pixels (box 0..in_size) to
+    ``out_sizes[b]`` with filter ``kinds[b]``, for a whole batch at once, on ``device``: the first
+    input pixel of each output pixel (int64 [B, out_max]) and its fixed-point weights (int64
+    [B, out_max, K]), zero past each sample's output size and past the pixels Pillow uses.
+    precompute_coeffs and normalize_coeffs_8bpc in the C's operation order, in float64 (IEEE
+    arithmetic, each operation its own op, on the GPU as on the host); NEAREST's running sum of
+    the scale is sequential on the host (a device scan would add in another order)."""
+    in_sizes = np.asarray(in_sizes, dtype=np.int64)
+    out_sizes = np.asarray(out_sizes, dtype=np.int64)
+    kinds = np.asarray(kinds, dtype=np.int64)
+    n = len(in_sizes)
+    scale_host = in_sizes.astype(np.float32).astype(np.float64) / out_sizes  # the box is single precision
+    rows_host = np.arange(out_max)[None, :] < out_sizes[:, None]
+    nearest = kinds == NEAREST
+    first_host = np.zeros((n, out_max), dtype=np.int64)
+    near_w = np.zeros((n, out_max), dtype=np.int64)
+    if nearest.any():  # ImagingScaleAffine: COORD of a running sum of the scale
+        step = scale_host[nearest][:, None]
+        pos = np.add.accumulate(np.concatenate([0.0 + step * 0.5, np.repeat(step, out_max - 1, 1)], 1), axis=1)
+        start = np.where(pos < 0, -1, pos.astype(np.int64))
+        inside = (start >= 0) & (start < in_sizes[nearest][:, None]) & rows_host[nearest]
+        first_host[nearest] = np.where(inside, start, 0)
+        near_w[nearest] = np.where(inside, 1 << PRECISION_BITS, 0)
+    support_host = np.array([_SUPPORT.get(int(k), 0.0) for k in kinds]) * np.maximum(scale_host, 1.0)
+    taps = int(np.max(np.ceil(support_host).astype(np.int64) * 2 + 1)) if (~nearest).any() else 1
+    first = upload(first_host, device)
+    weights = torch.zeros((n, out_max, taps), dtype=torch.int64, device=device)
+    weights[:, :, 0] = upload(near_w, device)
+    filt = np.flatnonzero(~nearest)
+    if not len(filt):
+        return first, weights
+    idx = upload(filt, device)
+    sc = upload(scale_host[filt], device).view(-1, 1)
+    filterscale = torch.clamp(sc, min=1.0)
+    support = upload(np.array([_SUPPORT[int(k)] for k in kinds[filt]]), device).view(-1, 1) * filterscale
     inv_filterscale = 1.0 / filterscale
-    center = 0.0 + (np.arange(out_size) + 0.5) * scale
-    xmin = np.maximum((center - support + 0.5).astype(np.int64), 0)  # (int) truncates toward zero
-    xmax = np.minimum((center + support + 0.5).astype(np.int64), in_size) - xmin
-    taps = np.arange(ksize)
-    used = taps[None, :] < xmax[:, None]
-    w = np.where(used, _filter(kind, ((taps[None, :] + xmin[:, None]) - center[:, None] + 0.5) * inv_filterscale), 0.0)
-    ww = np.zeros(out_size)
-    for k in range(ksize):  # the C's sequential sum
-        ww = np.where(used[:, k], ww + w[:, k], ww)
-    nonzero = (ww != 0.0)[:, None]
-    k = np.where(nonzero, w / np.where(nonzero, ww[:, None], 1.0), w)
-    fixed = k * float(1 << PRECISION_BITS)
-    kk = np.trunc(np.where(k < 0, -0.5 + fixed, 0.5 + fixed)).astype(np.int64)  # normalize_coeffs_8bpc
-    return xmin, np.where(used, kk, 0)
+    xx = torch.arange(out_max, device=device, dtype=torch.float64).view(1, -1)
+    center = 0.0 + (xx + 0.5) * sc
+    xmin = torch.clamp((center - support + 0.5).to(torch.int64), min=0)  # (int) truncates toward zero
+    xmax = torch.minimum((center + support + 0.5).to(torch.int64), upload(in_sizes[filt], device).view(-1, 1)) - xmin
+    t = torch.arange(taps, device=device).view(1, 1, -1)
+    rows = upload(rows_host[filt], device)
+    used = (t < xmax.unsqueeze(2)) & rows.unsqueeze(2)
+    arg = (((t + xmin.unsqueeze(2)).to(torch.float64) - center.unsqueeze(2)) + 0.5) * inv_filterscale.unsqueeze(2)
+    w = torch.zeros_like(arg)
+    kinds_f = kinds[filt]
+    for kind in np.unique(kinds_f):
+        sel = upload(np.flatnonzero(kinds_f == kind), device)
+        w[sel] = _filter(int(kind), arg[sel])
+    w = torch.where(used, w, 0.0)
+    ww = torch.zeros_like(center)
+    for k in range(taps):  # the C's sequential sum
+        ww = torch.where(used[:, :, k], ww + w[:, :, k], ww)
+    nonzero = (ww != 0.0).unsqueeze(2)
+    k_norm = torch.where(nonzero, w / torch.where(nonzero, ww.unsqueeze(2), 1.0), w)
+    fixed = k_norm * float(1 << PRECISION_BITS)
+    kk = torch.where(k_norm < 0, -0.5 + fixed, 0.5 + fixed).to(torch.int64)  # (int): toward zero
+    weights[idx] = torch.where(used, kk, 0)
+    first[idx] = torch.where(rows, xmin, 0)
+    return first, weights
 
 
 def _weights(in_sizes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, in_max: int, out_max: int,
              device: torch.device) -> torch.Tensor:
     """float64 [B, out_max, in_max]: each sample's Pillow weights as a dense matrix (zero rows past
     its own output size, zero columns past its own input size)."""
-    rows = [coefficients(int(i), int(o), int(f)) for i, o, f in zip(in_sizes, out_sizes, kinds)]
-    taps = max(kk.shape[1] for _, kk in rows)
-    index = np.zeros((len(rows), out_max, taps), dtype=np.int64)
-    value = np.zeros((len(rows), out_max, taps), dtype=np.float64)
-    for b, (first, kk) in enumerate(rows):
-        n, k = kk.shape
-        index[b, :n, :k] = first[:, None] + np.arange(k)
-        value[b, :n, :k] = kk
-    np.clip(index, 0, in_max - 1, out=index)  # a zero weight may point anywhere
-    w = torch.zeros((len(rows), out_max, in_max), dtype=torch.float64, device=device)
-    return w.scatter_add_(2, upload(index, device), upload(value, device))
+    first, kk = batch_coefficients(in_sizes, out_sizes, kinds, out_max, device)
+    index = (first.unsqueeze(2) + torch.arange(kk.shape[2], device=device)).clamp_(0, in_max - 1)
+    w = torch.zeros((len(first), out_max, in_max), dtype=torch.float64, device=device)
+    return w.scatter_add_(2, index, kk.to(torch.float64))  # a zero weight may point anywhere
 
 
-def _tables(in_sizes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, out_max: int):
-    """Each sample's Pillow weights in compact form: the first input pixel of each output pixel
-    (int32 [B, out_max]) and its weights (int32 [B, out_max, K]); zero past each sample's size."""
-    rows = [coefficients(int(i), int(o), int(f)) for i, o, f in zip(in_sizes, out_sizes, kinds)]
-    taps = max(kk.shape[1] for _, kk in rows)
-    first = np.zeros((len(rows), out_max), dtype=np.int32)
-    weights = np.zeros((len(rows), out_max, taps), dtype=np.int32)
-    for b, (start, kk) in enumerate(rows):
-        n, k = kk.shape
-        first[b, :n] = start
-        weights[b, :n, :k] = kk
-    return first, weights
+def _tables(in_sizes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, out_max: int, device: torch.device):
+    """Each sample's Pillow weights in compact form, on ``device``: the first input pixel of each
+    output pixel (int32 [B, out_max]) and its weights (int32 [B, out_max, K])."""
+    first, kk = batch_coefficients(in_sizes, out_sizes, kinds, out_max, device)
+    return first.to(torch.int32).contiguous(), kk.to(torch.int32).contiguous()
 
 
 def _triton_pass(kernel, x: torch.Tensor, in_sizes, out_sizes, kinds, along: int) -> torch.Tensor:
@@ -119,14 +136,13 @@ def _triton_pass(kernel, x: torch.Tensor, in_sizes, out_sizes, kinds, along: int
     b, c = x.shape[0], x.shape[1]
     n_in, n_across = x.shape[along], x.shape[5 - along]
     n_out = int(np.max(out_sizes))
-    first, weights = _tables(in_sizes, out_sizes, kinds, n_out)
-    first_t, weights_t = upload(first, x.device), upload(weights, x.device)
+    first_t, weights_t = _tables(in_sizes, out_sizes, kinds, n_out, x.device)
     shape = [b, c, 0, 0]
     shape[along], shape[5 - along] = n_out, n_across
     out = torch.empty(shape, dtype=torch.float32, device=x.device)
     s, d = x.stride(), out.stride()
     grid = (b * c, triton_cdiv(n_out, 32), triton_cdiv(n_across, 32))
-    kernel[grid](x, out, first_t, weights_t, n_out, n_across, n_in, weights.shape[2], c,
+    kernel[grid](x, out, first_t, weights_t, n_out, n_across, n_in, weights_t.shape[2], c,
                  s[0], s[1], s[along], s[5 - along], d[0], d[1], d[along], d[5 - along],
                  BLOCK_O=32, BLOCK_A=32, num_warps=4)
     return out
