@@ -14,6 +14,7 @@ from typing import Mapping, Optional
 DEVICES = ("auto", "gpu", "cpu")
 OUTPUTS = ("auto", "cpu")
 FIDELITIES = ("exact", "fast")
+RESIZES = ("dali", "pillow")
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
 ENABLE_VALUES_ON = ("1", "true", "yes", "on")
 ENABLE_VALUES_OFF = ("", "0", "false", "no", "off")
@@ -26,6 +27,7 @@ ENV_FIDELITY = "DALI_AUTOPROXY_FIDELITY"
 ENV_LOOKAHEAD = "DALI_AUTOPROXY_LOOKAHEAD"
 LOOKAHEAD_RANGE = (1, 64)
 ENV_HW_DECODER_LOAD = "DALI_AUTOPROXY_HW_DECODER_LOAD"
+ENV_RESIZE = "DALI_AUTOPROXY_RESIZE"
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class Options:
     # default is 0.65; on the H200, 0.9 took camera-sized photos from 5.1k to 7.4k img/s and train
     # at 8 workers from 24.4k to 27.7k, with the DataLoader's workers sharing the cores.
     hw_decoder_load: float = 0.9
+    # "pillow": Resize / RandomResizedCrop of PIL images with Pillow's arithmetic, border included
+    # (torch_stage/resample.py); "dali": DALI's resize, within the bound in docs/transforms.md.
+    resize: str = "dali"
 
 
 def _pick_number(name: str, value, env_name: str, environ: Mapping[str, str], default, parse, valid, accepted: str):
@@ -98,7 +103,7 @@ def _pick(name: str, value: Optional[str], env_name: str, accepted: tuple, envir
 def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
                     log_level: Optional[str] = None, fidelity: Optional[str] = None,
                     environ: Optional[Mapping[str, str]] = None, lookahead: Optional[int] = None,
-                    hw_decoder_load: Optional[float] = None) -> Options:
+                    hw_decoder_load: Optional[float] = None, resize: Optional[str] = None) -> Options:
     """Merge keyword arguments over environment variables and validate both."""
     env = os.environ if environ is None else environ
     return Options(
@@ -109,6 +114,7 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
         lookahead=_pick_int("lookahead", lookahead, ENV_LOOKAHEAD, LOOKAHEAD_RANGE, env, Options.lookahead),
         hw_decoder_load=_pick_fraction("hw_decoder_load", hw_decoder_load, ENV_HW_DECODER_LOAD, env,
                                        Options.hw_decoder_load),
+        resize=_pick("resize", resize, ENV_RESIZE, RESIZES, env, Options.resize),
     )
 
 

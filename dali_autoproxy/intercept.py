@@ -30,7 +30,7 @@ from .config import logger
 from .deferred import DeferredFileLoader, JpegImageFile, defer_convert
 from .ir import Unsupported
 from .libraries import loaded_decoders
-from .planning import build_plan, walk
+from .planning import SETTINGS, build_plan, walk
 from .translate import compose_types
 from .transport import ProxyNode, ProxySample
 
@@ -193,12 +193,15 @@ class WorkerInstaller:
     """The worker_init_fn of a proxied loader: run the user's worker_init_fn, then route this
     worker's chain calls. Picklable, for spawn and forkserver workers."""
 
-    def __init__(self, known_keys: Set[str], chain_classes: Set[type], user_init_fn: Any):
+    def __init__(self, known_keys: Set[str], chain_classes: Set[type], user_init_fn: Any,
+                 settings: Optional[dict] = None):
         self.known_keys = known_keys
         self.chain_classes = chain_classes
         self.user_init_fn = user_init_fn
+        self.settings = dict(settings or {})  # planning's options, as the main process planned
 
     def __call__(self, worker_id: int) -> None:
+        SETTINGS.update(self.settings)  # a spawned worker starts from the defaults
         if self.user_init_fn is not None:  # first: it may expect the dataset as the user left it
             self.user_init_fn(worker_id)
         patch(self.chain_classes)

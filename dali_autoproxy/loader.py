@@ -23,7 +23,7 @@ from .collate import CollateInMain, DefaultCollate, ProxyCollated, find_proxy_ba
 from .config import Options, logger
 from .intercept import ChainRouter, WorkerInstaller, patch, routing, swap_folder_loaders, unswap
 from .ir import Unsupported
-from .planning import Plan, build_plan, walk
+from .planning import SETTINGS, Plan, build_plan, walk
 from .translate import flatten, transform_name
 from .transport import ENCODED, RAW, ProxyBatch, ProxyGroup
 
@@ -253,7 +253,7 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
     # the workers collate proxies; a user's collate runs here, on DALI's tensors
     loader.collate_fn = CollateInMain(decision.collate) if decision.collate is not None else DefaultCollate()
     if loader.num_workers > 0:
-        loader.worker_init_fn = WorkerInstaller(set(decision.plans), decision.chain_classes, user_init)
+        loader.worker_init_fn = WorkerInstaller(set(decision.plans), decision.chain_classes, user_init, SETTINGS)
     else:
         patch(decision.chain_classes)
     try:

@@ -43,8 +43,8 @@ class Instrumentor:
         with self._lock:
             self.options = options  # a second enable() only updates the options
             self.proxy, self.recorder = proxy, recorder
-            from .planning import FIDELITY
-            FIDELITY["value"] = options.fidelity
+            from .planning import SETTINGS
+            SETTINGS.update(fidelity=options.fidelity, resize=options.resize)
             if not self._hook_registered:
                 wrapt.register_post_import_hook(self._patch_dataloader, _DATALOADER_MODULE)
                 self._hook_registered = True
@@ -63,8 +63,8 @@ class Instrumentor:
                     setattr(owner, name, original)
             self._patched.clear()
             self.options = None
-            from .planning import FIDELITY
-            FIDELITY["value"] = "exact"
+            from .planning import DEFAULT_SETTINGS, SETTINGS
+            SETTINGS.update(DEFAULT_SETTINGS)
             self.proxy, self.recorder = True, None
 
     def wrap(self, owner: Any, name: str, wrapper: Callable) -> None:

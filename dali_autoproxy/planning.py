@@ -187,7 +187,7 @@ def _looks_like_dataset(obj: Any) -> bool:
 
 
 def _translate(transforms: List[Any], exact_resize: bool = True) -> Plan:
-    state = ChainState(fidelity=FIDELITY["value"], exact_resize=exact_resize)
+    state = ChainState(fidelity=SETTINGS["fidelity"], exact_resize=exact_resize and SETTINGS["resize"] == "pillow")
     counter = [0]
 
     def alloc(n: int) -> int:
@@ -223,7 +223,10 @@ def _ends_as_pil(prefix: List[Any]) -> bool:
     return state.kind == "pil"
 
 
-FIDELITY = {"value": "exact"}  # enable(fidelity=...): set in the main process, inherited by forked workers
+DEFAULT_SETTINGS = {"fidelity": "exact", "resize": "dali"}
+# enable(fidelity=..., resize=...): set in the main process; the workers get them from the loader's
+# worker_init_fn (intercept.WorkerInstaller), so spawned workers plan as the main process does
+SETTINGS = dict(DEFAULT_SETTINGS)
 
 
 def build_plan(transform: Any) -> Plan:

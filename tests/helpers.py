@@ -10,12 +10,12 @@ import dali_autoproxy
 
 
 def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, fidelity: str = "exact",
-             **loader_kw) -> List[Tuple]:
+             resize: str = "dali", **loader_kw) -> List[Tuple]:
     """Iterate one epoch (plain or autoproxied) and return cloned batches."""
     loader_kw.setdefault("batch_size", 8)
     loader_kw.setdefault("num_workers", 2)
     if autoproxy:
-        dali_autoproxy.enable(device=device, log_level="WARNING", fidelity=fidelity)
+        dali_autoproxy.enable(device=device, log_level="WARNING", fidelity=fidelity, resize=resize)
     else:
         dali_autoproxy.disable()
     try:

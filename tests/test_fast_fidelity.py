@@ -10,7 +10,7 @@ import torchvision.transforms.v2 as v2
 import dali_autoproxy
 from dali_autoproxy.config import resolve_options
 from dali_autoproxy.ir import FastColorJitter, split_at_takeover
-from dali_autoproxy.planning import FIDELITY, build_plan
+from dali_autoproxy.planning import SETTINGS, build_plan
 from helpers import image_folder, last_report, load_all
 from photos import psnr
 from test_fidelity import MEAN, STD
@@ -51,11 +51,11 @@ def test_each_adjustment_within_its_published_bound(photo_root, name, api):
 def test_heavy_chain_runs_on_dali_alone_and_stays_close(photo_root):
     chain = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4),
                        T.RandomGrayscale(0.2), T.PILToTensor()])
-    FIDELITY["value"] = "fast"
+    SETTINGS["fidelity"] = "fast"
     try:
         plan = build_plan(chain)
     finally:
-        FIDELITY["value"] = "exact"
+        SETTINGS["fidelity"] = "exact"
     dali_ops, torch_ops = split_at_takeover(plan.ops)
     assert torch_ops == [] and any(isinstance(op, FastColorJitter) for op in dali_ops)
     a, b = fast_against_torchvision(photo_root, chain)
@@ -68,9 +68,9 @@ def test_exact_stays_the_default_and_the_option_is_validated(monkeypatch):
     with pytest.raises(ValueError, match="DALI_AUTOPROXY_FIDELITY='quick'"):
         resolve_options(environ={"DALI_AUTOPROXY_FIDELITY": "quick"})
     dali_autoproxy.enable(device="cpu", fidelity="fast", log_level="WARNING")
-    assert FIDELITY["value"] == "fast"
+    assert SETTINGS["fidelity"] == "fast"
     dali_autoproxy.disable()
-    assert FIDELITY["value"] == "exact"
+    assert SETTINGS["fidelity"] == "exact"
 
 
 def test_a_failed_batch_is_recomputed_exactly():

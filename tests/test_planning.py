@@ -5,6 +5,7 @@ import torchvision.transforms as T
 import torchvision.transforms.functional as F
 import torchvision.transforms.v2 as v2
 
+from dali_autoproxy import planning
 from dali_autoproxy.ir import Crop, Flip, Normalize, PillowResize, Resize, ToCHW, ToFloat
 from dali_autoproxy.planning import build_plan
 from dali_autoproxy.translate.geometry import center_crop_box, resized_output_size
@@ -36,7 +37,8 @@ def test_center_crop_box_matches_torchvision(hw, crop):
 
 @pytest.mark.parametrize("tf", [T.RandomResizedCrop(224, scale=(0.2, 1.0)),
                                 v2.RandomResizedCrop(224, ratio=(0.5, 2.0))])
-def test_random_resized_crop_draws_torchvisions_boxes(tf):
+def test_random_resized_crop_draws_torchvisions_boxes(tf, monkeypatch):
+    monkeypatch.setitem(planning.SETTINGS, "resize", "pillow")
     plan = build_plan(T.Compose([tf, T.ToTensor()]) if isinstance(tf, T.RandomResizedCrop)
                       else v2.Compose([tf, v2.ToImage()]))
     img = torch.zeros(3, 333, 500, dtype=torch.uint8)
@@ -62,21 +64,25 @@ def test_flip_draw_matches_torchvision():
         assert plan.draw(2, 3) == [int(flipped)]
 
 
-def test_ops_of_the_imagenet_train_chain():
+def test_ops_of_the_imagenet_train_chain(monkeypatch):
+    plan = build_plan(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
+                                 T.Normalize([0.5] * 3, [0.25] * 3)]))
+    assert [type(op) for op in plan.ops] == [Crop, Resize, Flip, ToFloat, ToCHW, Normalize]
+    assert plan.ops[0].in_bounds and plan.n_params == 5 and plan.state.fixed_size == (224, 224)
+    monkeypatch.setitem(planning.SETTINGS, "resize", "pillow")  # Pillow's arithmetic, on the torch stage
     plan = build_plan(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
                                  T.Normalize([0.5] * 3, [0.25] * 3)]))
     assert [type(op) for op in plan.ops] == [Crop, PillowResize, Flip, ToFloat, ToCHW, Normalize]
     assert plan.ops[0].in_bounds and plan.n_params == 10 and plan.state.fixed_size == (224, 224)
 
 
-def test_fast_fidelity_keeps_dalis_resize(monkeypatch):
-    from dali_autoproxy import planning
-    monkeypatch.setitem(planning.FIDELITY, "value", "fast")
-    plan = build_plan(T.Compose([T.RandomResizedCrop(224), T.ToTensor()]))
-    assert [type(op) for op in plan.ops] == [Crop, Resize, ToFloat, ToCHW] and plan.n_params == 4
+def test_box_and_random_filters_take_the_exact_resize_whatever_the_option():
+    plan = build_plan(T.Compose([T.Resize(64, interpolation=T.InterpolationMode.BOX), T.CenterCrop(64), T.ToTensor()]))
+    assert [type(op) for op in plan.ops][:2] == [PillowResize, Crop]
 
 
-def test_a_dali_only_step_after_the_resize_keeps_dalis_resize_instead_of_the_worker():
+def test_a_dali_only_step_after_the_resize_keeps_dalis_resize_instead_of_the_worker(monkeypatch):
+    monkeypatch.setitem(planning.SETTINGS, "resize", "pillow")
     plan = build_plan(v2.Compose([v2.RandomResizedCrop(64), v2.PILToTensor(), v2.Resize(32, antialias=True)]))
     assert plan.worker_prefix == 0 and [type(op) for op in plan.ops].count(Resize) == 2
 
@@ -94,7 +100,8 @@ def test_unsupported_chains_say_why(tf, reason):
     assert reason in why_not(tf)
 
 
-def test_torch_stage_takes_over_at_colour_jitter_only_when_it_can_finish():
+def test_torch_stage_takes_over_at_colour_jitter_only_when_it_can_finish(monkeypatch):
+    monkeypatch.setitem(planning.SETTINGS, "resize", "pillow")
     from dali_autoproxy.ir import ColorJitter
     from dali_autoproxy.ir import split_at_takeover as split
     late = build_plan(T.Compose([T.RandomResizedCrop(64), T.ColorJitter(0.4), T.RandomGrayscale(),

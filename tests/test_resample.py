@@ -12,6 +12,7 @@ import pytest
 import torch
 import torchvision
 import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
 from PIL import Image
 
 from helpers import load_all, last_report
@@ -118,23 +119,67 @@ def photos_33(tmp_path_factory):
     return root
 
 
+I = T.InterpolationMode
+
+
 @pytest.mark.parametrize("name,chain", [
     ("RandomResizedCrop(224)", [T.RandomResizedCrop(224)]),
     ("RandomResizedCrop(64)", [T.RandomResizedCrop(64)]),
+    ("RandomResizedCrop(96) bicubic", [T.RandomResizedCrop(96, interpolation=I.BICUBIC)]),
+    ("RandomResizedCrop(96) nearest", [T.RandomResizedCrop(96, interpolation=I.NEAREST)]),
     ("Resize(224), CenterCrop(224)", [T.Resize(224), T.CenterCrop(224)]),
     ("Resize(64), CenterCrop(64)", [T.Resize(64), T.CenterCrop(64)]),
+    ("Resize(150), CenterCrop(200) (padded)", [T.Resize(150), T.CenterCrop(200)]),
+    ("Resize((400, 500)) upscaled", [T.Resize((400, 500))]),
+    ("Resize(150, max_size=200), CenterCrop(140)", [T.Resize(150, max_size=200), T.CenterCrop(140)]),
+    ("RandomGrayscale, RandomResizedCrop(96)", [T.RandomGrayscale(0.5), T.RandomResizedCrop(96)]),
+    ("RandomResizedCrop(96), RandAugment", [T.RandomResizedCrop(96), T.RandAugment()]),
+    ("RandomResizedCrop(96), TrivialAugmentWide", [T.RandomResizedCrop(96), T.TrivialAugmentWide()]),
+    ("v2: RandomResizedCrop(96), flip, TrivialAugmentWide", [v2.RandomResizedCrop(96), v2.RandomHorizontalFlip(),
+                                                             v2.TrivialAugmentWide()]),
 ])
 def test_resized_loaders_equal_plain_torchvision_border_included(photos_33, name, chain):
-    """The four loaders of the resampling issue, same seed and draws: 0 levels anywhere."""
-    ds = torchvision.datasets.ImageFolder(photos_33, T.Compose(chain + [T.PILToTensor()]))
+    """resize="pillow": the four loaders of the resampling issue and the chains around them,
+    same seed and draws: 0 levels anywhere, and the policies after the crop exact too."""
+    last = v2.PILToTensor() if name.startswith("v2") else T.PILToTensor()
+    ds = torchvision.datasets.ImageFolder(photos_33, (v2.Compose if name.startswith("v2") else T.Compose)(chain + [last]))
     kw = dict(seed=11, shuffle=True, batch_size=8)
     ref = load_all(ds, autoproxy=False, **kw)
-    out = load_all(ds, autoproxy=True, **kw)
+    out = load_all(ds, autoproxy=True, resize="pillow", **kw)
     rep = last_report()
     assert rep["proxied"] and rep["decode_on_dali"] and not rep["partial"], rep
     assert sum(len(y) for _, y in out) >= 32
     for (a, la), (b, lb) in zip(ref, out):
         assert torch.equal(la, lb) and torch.equal(a, b)
+
+
+def test_the_option_is_validated_and_reaches_the_plan(monkeypatch):
+    from dali_autoproxy.config import resolve_options
+    from dali_autoproxy.ir import PillowResize, Resize
+    from dali_autoproxy.planning import build_plan
+    assert resolve_options(environ={}).resize == "dali"
+    assert resolve_options(environ={"DALI_AUTOPROXY_RESIZE": "pillow"}).resize == "pillow"
+    with pytest.raises(ValueError, match="DALI_AUTOPROXY_RESIZE='exact'.*dali, pillow"):
+        resolve_options(environ={"DALI_AUTOPROXY_RESIZE": "exact"})
+    import dali_autoproxy
+    chain = T.Compose([T.RandomResizedCrop(32), T.ToTensor()])
+    try:
+        dali_autoproxy.enable(device="cpu", resize="pillow")
+        assert PillowResize in [type(op) for op in build_plan(chain).ops]
+    finally:
+        dali_autoproxy.disable()
+    assert Resize in [type(op) for op in build_plan(chain).ops]
+
+
+def test_spawned_workers_plan_with_the_main_process_options(photo_root):
+    """Spawn and forkserver workers start from the defaults: the options reach them through the
+    loader's worker_init_fn, so they plan what the main process planned (one pipeline)."""
+    chain = T.Compose([T.RandomResizedCrop(48), T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.PILToTensor()])
+    ds = torchvision.datasets.ImageFolder(photo_root, chain)
+    for fidelity, resize in (("fast", "dali"), ("exact", "pillow")):
+        load_all(ds, autoproxy=True, fidelity=fidelity, resize=resize, multiprocessing_context="spawn")
+        rep = last_report()
+        assert rep["proxied"] and rep["dali_transforms"].count("ColorJitter") == 1, rep  # no second plan
 
 
 if __name__ == "__main__":  # the interpreter test's subprocess

@@ -56,14 +56,21 @@ _PILLOW_KIND = {InterpolationMode.NEAREST: PILLOW_FILTERS["nearest"],
                 InterpolationMode.BICUBIC: PILLOW_FILTERS["bicubic"], InterpolationMode.BOX: PILLOW_FILTERS["box"]}
 
 
+_DALI_RESIZES_PIL = (InterpolationMode.BILINEAR, InterpolationMode.BICUBIC, InterpolationMode.NEAREST,
+                     InterpolationMode.NEAREST_EXACT)
+
+
 def pillow_kind(interpolation, state: ChainState, dali_can: bool = True) -> Optional[int]:
     """Pillow's filter for an exact resize of a PIL image (ir.PillowResize), or None where DALI's
-    resize is used: tensors (torch's maths), and ``fidelity="fast"`` where DALI's resize can do it."""
-    if state.kind != "pil" or not state.exact_resize:
+    resize is used: tensors (torch's maths), and PIL images with ``resize="dali"`` (the default)
+    where DALI has the filter. BOX, and a filter drawn per image (``dali_can=False``), take the
+    exact resize either way."""
+    if state.kind != "pil":
         return None
-    if state.fidelity == "fast" and dali_can:
+    mode = as_mode(interpolation)
+    if not state.exact_resize and dali_can and mode in _DALI_RESIZES_PIL:
         return None
-    return _PILLOW_KIND.get(as_mode(interpolation))
+    return _PILLOW_KIND.get(mode)
 
 
 def exact_resize_step(name: str, kinds, state: ChainState, alloc, out_size: Optional[Tuple[int, int]],
