@@ -10,7 +10,8 @@ decode (CenterCrop + PILToTensor: decoding is nearly all the work).
 Modes (each on the same corpus, batch size, workers and transforms):
   torchvision      plain DataLoader, PIL decode + torchvision transforms in the workers
   autoproxy        the same loader object code after dali_autoproxy.enable()
-  autoproxy_fast   the same with enable(fidelity="fast"): DALI's approximate resize and colour operators
+  autoproxy_fast   the same with enable(fidelity="fast"): DALI's approximate colour operators
+  autoproxy_pillow the same with enable(resize="pillow"): Pillow's resize arithmetic, border included
   dali_proxy       a hand-written DALI proxy pipeline (nvidia.dali.plugin.pytorch.experimental.proxy),
                    workers read file bytes, DALI decodes (ROI decode for train) on the device; DALI's
                    own operators (color_twist, auto_aug) for the heavy and trivialaugment pipelines
@@ -116,11 +117,12 @@ def consume(batches, device: str, warmup: int, total: int = 0):
     return n, time.perf_counter() - (t0 or time.perf_counter())
 
 
-def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=False, fidelity="exact"):
+def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=False, fidelity="exact",
+                    resize="dali"):
     import torchvision
     import dali_autoproxy
     if autoproxy:
-        dali_autoproxy.enable(device=dali_device, log_level="WARNING", fidelity=fidelity)
+        dali_autoproxy.enable(device=dali_device, log_level="WARNING", fidelity=fidelity, resize=resize)
     try:
         ds = torchvision.datasets.ImageFolder(root, transform=tv_transform(kind))
         loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=kind != "eval",
@@ -277,7 +279,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, nargs="+", default=[128])
     ap.add_argument("--pipelines", nargs="+", default=["train", "eval"], choices=PIPELINES)
     ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy", "dali_proxy", "dali_native"],
-                    choices=["torchvision", "autoproxy", "autoproxy_fast", "dali_proxy", "dali_native",
+                    choices=["torchvision", "autoproxy", "autoproxy_fast", "autoproxy_pillow", "dali_proxy", "dali_native",
                              "decode_jpeg_gpu"])
     ap.add_argument("--warmup", type=int, default=None,
                     help="batches not timed (default: the deepest queue of the modes, at most half the epoch)")
@@ -306,6 +308,7 @@ def main(argv=None):
     runners = {"torchvision": lambda *x: run_torchvision(*x[:6]),
                "autoproxy": lambda *x: run_torchvision(*x[:6], autoproxy=True),
                "autoproxy_fast": lambda *x: run_torchvision(*x[:6], autoproxy=True, fidelity="fast"),
+               "autoproxy_pillow": lambda *x: run_torchvision(*x[:6], autoproxy=True, resize="pillow"),
                "dali_proxy": run_dali_proxy, "dali_native": run_dali_native,
                "decode_jpeg_gpu": run_decode_jpeg_gpu}
     results = []

@@ -60,7 +60,11 @@ def main() -> None:
             f"(torch {torch.__version__}, torchvision {torchvision.__version__}, DALI {dali_version}).",
             "Each row: the chain of tests/catalogue.py (a fixed-size crop, the transform, a conversion to a "
             "tensor) on 12 photographs, autoproxy against plain torchvision with the same seed.",
-            "Error: max abs / mean abs / PSNR in uint8 levels (dB); `(float)` rows: max abs error of float output.",
+            "Error: max abs / mean abs / PSNR in uint8 levels (dB) over every pixel, the border included; `(float)` "
+            "rows: max abs error of float output.",
+            "Resize and RandomResizedCrop of PIL images run DALI's resize here (the default); with "
+            "`resize=\"pillow\"` they equal Pillow's on every pixel (tests/test_resample.py, on DALI's CPU backend "
+            "and, for the Triton kernel, on the GPU), and so do the policies after them.",
             "The GPU column decodes with PIL in the worker (the transforms' error alone; nvJPEG's decoding "
             "differs from libjpeg-turbo's by about a level, see benchmarks/results/fidelity_*.md).",
             "`DALI`: the whole chain runs in DALI; `partial`: the worker runs the prefix up to and including "

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import traceback
 from collections import deque
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 MIN_STABLE_BATCHES = 50   # fewer counted batches per loader than this: the ratio is noisy, say so
 WIDE_SPREAD = 0.2         # --repeat runs whose B/A spread (max-min) exceeds this share of the median
@@ -224,15 +224,32 @@ def plot(runs: Dict[str, List[Dict]], path: str) -> bool:
     return True
 
 
+def _number(kind: type, least, what: str) -> Callable[[str], Any]:
+    """An argparse type: a ``kind`` of at least ``least`` (a clear message otherwise)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value < least or (kind is float and value == least == 0):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+    return parse
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--batches", type=int, help="stop each arm after this many batches (all loaders)")
-    ap.add_argument("--seconds", type=float, help="stop each arm after this much loader time")
-    ap.add_argument("--repeat", type=int, default=1, help="alternate A and B this many times")
-    ap.add_argument("--warmup", type=int, default=5, help="batches per loader not counted")
+    ap.add_argument("--batches", type=_number(int, 1, "a whole number of at least 1"),
+                    help="stop each arm after this many batches (all loaders)")
+    ap.add_argument("--seconds", type=_number(float, 0, "a number of seconds above 0"),
+                    help="stop each arm after this much loader time")
+    ap.add_argument("--repeat", type=_number(int, 1, "a whole number of at least 1"), default=1,
+                    help="alternate A and B this many times")
+    ap.add_argument("--warmup", type=_number(int, 0, "a whole number of at least 0"), default=5,
+                    help="batches per loader not counted")
     ap.add_argument("--json", help="keep the measurements of both arms in this file")
     ap.add_argument("--plot", help="write a PNG (throughput over time, summary bars); needs matplotlib")
-    ap.add_argument("script")
-    ap.add_argument("args", nargs=argparse.REMAINDER)
+    ap.add_argument("script", nargs="?", help="the training script to compare (then its own arguments)")
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
 
 
 def run(ns: argparse.Namespace) -> int:

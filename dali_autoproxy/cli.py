@@ -21,7 +21,9 @@ class UsageError(Exception):
     """A mistake on the command line: one line on stderr, exit status 2, no traceback."""
 
 
-def check_script(script: str) -> None:
+def check_script(script: Optional[str]) -> None:
+    if not script:
+        raise UsageError("a script to run is needed: dali-autoproxy ab [options] train.py [its arguments]")
     if not os.path.isfile(script):
         raise UsageError(f"no such script: {script}")
 

@@ -28,6 +28,8 @@ ENV_LOOKAHEAD = "DALI_AUTOPROXY_LOOKAHEAD"
 LOOKAHEAD_RANGE = (1, 64)
 ENV_HW_DECODER_LOAD = "DALI_AUTOPROXY_HW_DECODER_LOAD"
 ENV_RESIZE = "DALI_AUTOPROXY_RESIZE"
+ENV_TRITON = "DALI_AUTOPROXY_TRITON"
+TRITON_VALUES = ("1", "0")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class Options:
     # "pillow": Resize / RandomResizedCrop of PIL images with Pillow's arithmetic, border included
     # (torch_stage/resample.py); "dali": DALI's resize, within the bound in docs/transforms.md.
     resize: str = "dali"
+    triton: bool = True  # DALI_AUTOPROXY_TRITON: the fused Triton kernels where Triton runs on CUDA
 
 
 def _pick_number(name: str, value, env_name: str, environ: Mapping[str, str], default, parse, valid, accepted: str):
@@ -115,6 +118,7 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
         hw_decoder_load=_pick_fraction("hw_decoder_load", hw_decoder_load, ENV_HW_DECODER_LOAD, env,
                                        Options.hw_decoder_load),
         resize=_pick("resize", resize, ENV_RESIZE, RESIZES, env, Options.resize),
+        triton=_pick(ENV_TRITON, None, ENV_TRITON, TRITON_VALUES, env, "1") == "1",
     )
 
 

@@ -64,3 +64,31 @@ def test_print_report_says_when_not_enabled(capsys):
     dali_autoproxy.enable(device="cpu", log_level="ERROR")
     from dali_autoproxy.report import format_report
     assert "not enabled" not in format_report([])
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--batches", "0"], "--batches: '0' is not a whole number of at least 1"),
+    (["--batches", "-5"], "--batches: '-5' is not a whole number of at least 1"),
+    (["--seconds", "0"], "--seconds: '0' is not a number of seconds above 0"),
+    (["--repeat", "0"], "--repeat: '0' is not a whole number of at least 1"),
+    (["--warmup", "-1"], "--warmup: '-1' is not a whole number of at least 0"),
+])
+def test_ab_numbers_out_of_range_are_refused_before_any_arm(argv, expected, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('ran')\n")
+    res = _cli(sys.executable, "-m", "dali_autoproxy.cli", "ab", *argv, str(script))
+    assert res.returncode == 2 and "ran" not in res.stdout and expected in res.stderr, res.stderr
+
+
+def test_ab_without_a_script_says_a_script_is_needed():
+    res = _cli(sys.executable, "-m", "dali_autoproxy.cli", "ab", "--batches", "3")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "dali-autoproxy: error: a script to run is needed: dali-autoproxy ab [options] train.py [its arguments]"]
+
+
+def test_a_bad_triton_switch_is_an_error_naming_the_variable(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('ran')\n")
+    res = _cli(*ENTRY_POINTS["run"](str(script)), DALI_AUTOPROXY_TRITON="maybe")
+    assert res.returncode == 2 and "DALI_AUTOPROXY_TRITON='maybe'; accepted values: 1, 0" in res.stderr, res.stderr

@@ -44,7 +44,7 @@ def _load():
     global _KERNELS
     if _KERNELS is not None:
         return _KERNELS
-    if os.environ.get("DALI_AUTOPROXY_TRITON", "1").strip().lower() in ("0", "false", "no", "off"):
+    if os.environ.get("DALI_AUTOPROXY_TRITON", "1").strip() == "0":  # validated by enable() (config)
         log.info("DALI_AUTOPROXY_TRITON=0: colour and policy operations run as torch ops")
         return None
     try:
