@@ -121,7 +121,8 @@ class CollateInMain:
         try:
             self.user_collate([_map(sample, _standin) for sample in samples])
         except Exception as exc:  # it reads pixel values: the real call in the main process stays
-            if not self._warned:
+            info = torch.utils.data.get_worker_info()
+            if not self._warned and (info is None or info.id == 0):  # once per loader, not per worker
                 self._warned = True
                 logger.info("dali_autoproxy: collate_fn %s cannot run on shape-only stand-ins (%s: %s); it "
                             "runs in the main process, and if it draws random numbers after that point the "

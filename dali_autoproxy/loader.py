@@ -138,6 +138,7 @@ class LoaderState:
             "proxied": False, "reason": "not iterated yet", "decode": "-", "decode_on_dali": False, "decoded_on_dali": 0,
             "decoded_in_worker": {}, "worker_transforms": [], "dali_transforms": [], "device": "torchvision",
             "output": "cpu", "batches": 0, "samples": 0, "cpu_path_samples": 0, "partial": None,
+            "iterated": False,  # report() lists the loaders a loop iterated (accelerate rebuilds the others)
         }
         self.idle_runners: Dict[RunnerKey, list] = collections.defaultdict(list)
         self.plans: Dict[str, Plan] = {}

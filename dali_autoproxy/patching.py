@@ -112,6 +112,7 @@ class Instrumentor:
             return wrapped(*args, **kwargs)
         from .loader import make_iterator
         state = self.state_for(instance)
+        state.record["iterated"] = True
         iterator = make_iterator(wrapped, instance, state, options) if self.proxy else wrapped(*args, **kwargs)
         if self.recorder is not None:
             iterator = self.recorder.wrap(iterator, state.record)

@@ -12,8 +12,10 @@ COLUMNS = ("loader", "dataset", "proxied", "device", "decode", "dali_transforms"
 
 
 def report() -> List[dict]:
-    """A copy of the per-loader records: plan, device, counters and fallback reason."""
-    return copy.deepcopy(instrumentor.records)
+    """A copy of the per-loader records (plan, device, counters and fallback reason) of the
+    DataLoaders that were iterated: a loader only built, then replaced by a copy (what
+    ``accelerate.prepare`` and Hugging Face's Trainer do), has no row."""
+    return copy.deepcopy([r for r in instrumentor.records if r.get("iterated")])
 
 
 def format_report(rows: Optional[List[dict]] = None) -> str:
@@ -21,7 +23,7 @@ def format_report(rows: Optional[List[dict]] = None) -> str:
     if not rows:
         if not instrumentor.active:
             return ("dali_autoproxy is not enabled: call dali_autoproxy.enable() or run with DALI_AUTOPROXY=1")
-        return "dali_autoproxy: no DataLoader seen yet"
+        return "dali_autoproxy: no DataLoader iterated yet"
 
     def cell(v) -> str:
         if isinstance(v, list):

@@ -61,6 +61,7 @@ def test_accelerate_prepared_dataloader(photo_root):
     acc = accelerate.Accelerator(cpu=True)
     loader = acc.prepare(torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2))
     out = torch.cat([x for x, _ in loader])
-    assert dali_autoproxy.report()[-1]["proxied"]
+    rows = dali_autoproxy.report()
+    assert len(rows) == 1 and rows[0]["proxied"] and rows[0]["samples"] == len(ds), rows  # not the one it replaced
     assert out.shape == plain.shape
     assert float((out - plain).abs().mean()) * 0.226 * 255 < 0.5

@@ -1,5 +1,6 @@
 """timm's transform classes (timm installed by the test extras): recognised by name, offloaded,
 with torchvision's results; and never imported by dali_autoproxy itself."""
+import json
 import subprocess
 import sys
 
@@ -113,3 +114,39 @@ def test_timm_fast_collate_and_prefetch_loader(photo_root):
     assert rep["proxied"] and rep["decoded_on_dali"] == sum(len(b[1]) for b in out), rep
     assert ref[0][0].dtype == torch.float32  # normalised by the prefetcher
     compare(ref, out)
+
+
+_RUNNER = """
+import atexit, json, runpy, sys
+import dali_autoproxy
+atexit.register(lambda: print("REPORT " + json.dumps(dali_autoproxy.report(), default=str)))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("TIMM_TRAIN_PY"),
+                    reason="set TIMM_TRAIN_PY to the path of timm's train.py (pytorch-image-models)")
+@pytest.mark.parametrize("extra", [[], ["--no-prefetcher"], ["--mixup", "0.2"]], ids=["defaults", "no-prefetcher",
+                                                                                      "mixup"])
+def test_timm_train_script_unchanged_decodes_on_dali(tmp_path, extra):
+    """timm's own train.py, unchanged, with its defaults (interpolation='random', the prefetcher,
+    ColorJitter 0.4): DALI_AUTOPROXY=1, and every image of the train loader decoded by DALI."""
+    import os
+    import shutil
+    from photos import make_photo_folder
+    for split in ("train", "validation"):
+        make_photo_folder(str(tmp_path / split))
+    train_py = os.environ["TIMM_TRAIN_PY"]
+    cmd = [sys.executable, "-c", _RUNNER, train_py, "--data-dir", str(tmp_path), "--model", "resnet18",
+           "--epochs", "1", "-b", "8", "-j", "2", "--device", "cpu", "--input-size", "3", "64", "64",
+           "--output", str(tmp_path / "out"), *extra]
+    env = dict(os.environ, DALI_AUTOPROXY="1", DALI_AUTOPROXY_DEVICE="cpu")
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=os.path.dirname(train_py))
+    shutil.rmtree(tmp_path / "out", ignore_errors=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("REPORT ")][-1][7:])
+    train = rows[0]
+    assert train["proxied"] and not train["partial"] and train["decoded_in_worker"] == {}, train
+    assert train["decoded_on_dali"] == train["samples"] > 0, train
+    assert "RandomResizedCropAndInterpolation" in train["dali_transforms"], train
