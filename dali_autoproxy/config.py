@@ -50,7 +50,6 @@ class Options:
     # "pillow": Resize / RandomResizedCrop of PIL images with Pillow's arithmetic, border included
     # (torch_stage/resample.py); "dali": DALI's resize, within the bound in docs/transforms.md.
     resize: str = "dali"
-    triton: bool = True  # DALI_AUTOPROXY_TRITON: the fused Triton kernels where Triton runs on CUDA
 
 
 def _pick_number(name: str, value, env_name: str, environ: Mapping[str, str], default, parse, valid, accepted: str):
@@ -109,6 +108,8 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
                     hw_decoder_load: Optional[float] = None, resize: Optional[str] = None) -> Options:
     """Merge keyword arguments over environment variables and validate both."""
     env = os.environ if environ is None else environ
+    # DALI_AUTOPROXY_TRITON is read where the kernels load (torch_stage/fused_color.py); checked here
+    _pick(ENV_TRITON, None, ENV_TRITON, TRITON_VALUES, env, "1")
     return Options(
         device=_pick("device", device, ENV_DEVICE, DEVICES, env, "auto"),
         output=_pick("output", output, ENV_OUTPUT, OUTPUTS, env, "auto"),
@@ -118,7 +119,6 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
         hw_decoder_load=_pick_fraction("hw_decoder_load", hw_decoder_load, ENV_HW_DECODER_LOAD, env,
                                        Options.hw_decoder_load),
         resize=_pick("resize", resize, ENV_RESIZE, RESIZES, env, Options.resize),
-        triton=_pick(ENV_TRITON, None, ENV_TRITON, TRITON_VALUES, env, "1") == "1",
     )
 
 
