@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 MIN_STABLE_BATCHES = 50   # fewer counted batches per loader than this: the ratio is noisy, say so
 WIDE_SPREAD = 0.2         # --repeat runs whose B/A spread (max-min) exceeds this share of the median
+ERROR_CHARS = 4000        # a failing arm's traceback shown up to about this length, whole frames
 
 METRICS = [  # (key in a loader summary, label, format)
     ("counted_batches", "batches counted", "{:,.0f}"),
@@ -67,9 +68,30 @@ def child_main(argv: List[str]) -> int:
         if code:
             status, error = "failed", f"exit code {exc.code}"
     except BaseException as exc:  # the script's own failure: reported, not hidden
-        status, error, code = "failed", "".join(traceback.format_exception(exc))[-4000:], 1
+        status, error, code = "failed", last_frames(exc), 1
     recorder.dump(status, error)
     return code
+
+
+def last_frames(exc: BaseException, limit: int = ERROR_CHARS) -> str:
+    """The traceback of ``exc`` within ``limit`` characters, cut between frames, never inside one:
+    the frames nearest the error (where the script failed) stay whole, the first ones give way,
+    and the exception's own lines are kept (each cut to a line's worth when the message is long)."""
+    te = traceback.TracebackException.from_exception(exc)
+    tail = [line[:2000] for line in te.format_exception_only()]
+    frames = te.stack.format()
+    kept: List[str] = []
+    budget = limit - sum(map(len, tail)) - 120
+    for frame in reversed(frames):
+        if budget - len(frame) < 0 and kept:
+            break
+        kept.insert(0, frame)
+        budget -= len(frame)
+    head = ["Traceback (most recent call last):\n"]
+    if len(kept) < len(frames):
+        head.append(f"  ... {len(frames) - len(kept)} earlier frame(s) left out ...\n")
+    text = "".join(head + kept + tail)
+    return text if len(text) <= limit + 2000 else text[-(limit + 2000):]
 
 
 # ------------------------------------------------------------------ parent
@@ -126,9 +148,17 @@ def _median(values: List[Optional[float]]) -> Optional[float]:
     return statistics.median(vals) if vals else None
 
 
-def format_table(runs: Dict[str, List[Dict]], warm: int = 5) -> str:
+LONGER_AB = "use --batches 300 or --seconds 60"
+LONGER_SCRIPT = "let the script run longer (more epochs), or --repeat 3"
+
+
+def format_table(runs: Dict[str, List[Dict]], warm: int = 5, longer: str = LONGER_SCRIPT,
+                 no_warmup: str = "--warmup 0") -> str:
     """One table per DataLoader (matched by creation order), then the whole-process rows, then
-    warnings where the figures are too few or too spread to trust."""
+    warnings where the figures are too few or too spread to trust, each with what would help:
+    ``longer`` is the advice when the script itself ended early (the demo's differs from ab's),
+    ``no_warmup`` how to count every batch. On DALI's CPU backend arm B proves the path, not the
+    speed: no B/A is shown for it."""
     lines: List[str] = []
     warnings: List[str] = []
     n_loaders = max([len(r.get("loaders", [])) for arm in runs.values() for r in arm] or [0])
@@ -149,17 +179,29 @@ def format_table(runs: Dict[str, List[Dict]], warm: int = 5) -> str:
             f"fell back: {b_rows[0].get('reason') if b_rows else 'not reached'}"
         lines.append(f"\nDataLoader #{i + 1} ({first.get('dataset', '?')}), arm B {state}"
                      + (f" on {b_rows[0].get('device')}" if b_rows and b_rows[0].get("proxied") else ""))
+        on_cpu_backend = bool(b_rows) and all(x.get("device") == "cpu" for x in b_rows)
         rows = [("metric", "A: torchvision", "B: autoproxy", "B/A")]
         for key, label, fmt in METRICS:
             a, b = col("A", key), col("B", key)
             ma, mb = _median(a), _median(b)
-            ratio = f"{mb / ma:.2f}x" if key == "samples_per_s" and ma and mb else ""
+            ratio = f"{mb / ma:.2f}x" if key == "samples_per_s" and ma and mb and not on_cpu_backend else ""
             rows.append((label, _agg(a, fmt), _agg(b, fmt), ratio))
         lines += _grid(rows)
-        fewest = min([v for v in col("A", "counted_batches") + col("B", "counted_batches") if v is not None] or [0])
-        if fewest < MIN_STABLE_BATCHES:
-            warnings.append(f"DataLoader #{i + 1}: only {fewest} batches counted in an arm; a ratio from so few "
-                            f"is noisy (use --batches {MIN_STABLE_BATCHES * 6} or --seconds 60)")
+        if on_cpu_backend:
+            lines.append("arm B ran on DALI's CPU backend (no GPU): it shows that the path works and gives "
+                         "torchvision's results, not the speed-up, so no B/A is shown; the speed is on the GPU "
+                         "(docs/benchmarks.md)")
+        counted = [v or 0 for v in col("A", "counted_batches") + col("B", "counted_batches")]
+        made = [v or 0 for v in col("A", "batches") + col("B", "batches")]
+        stopped = all(r.get("status") == "stopped at the limit" for arm in runs.values() for r in arm)
+        if made and min(counted) == 0:
+            warnings.append(f"DataLoader #{i + 1}: the loader's epochs ended inside the warm-up (it made "
+                            f"{min(made)} batch(es) in an arm, the first {warm} are not counted): nothing was "
+                            f"measured; {longer}, or {no_warmup} to count every batch")
+        elif min(counted or [0]) < MIN_STABLE_BATCHES:
+            advice = LONGER_AB if stopped else f"the script ended on its own: {longer}"
+            warnings.append(f"DataLoader #{i + 1}: only {min(counted or [0])} batches counted in an arm; a ratio "
+                            f"from so few is noisy ({advice})")
         a_rows = [r["loaders"][i] for r in runs["A"] if len(r.get("loaders", [])) > i]
         ratios = [b["samples_per_s"] / a["samples_per_s"] for a, b in zip(a_rows, b_rows)
                   if a.get("samples_per_s") and b.get("samples_per_s")]
@@ -258,7 +300,8 @@ def run(ns: argparse.Namespace) -> int:
         for k in range(max(1, ns.repeat)):
             for arm in ("A", "B"):
                 runs[arm].append(_run_arm(arm, ns.script, ns.args, ns, os.path.join(tmp, f"{arm}{k}.json")))
-    print(format_table(runs, ns.warmup), flush=True)
+    print(format_table(runs, ns.warmup, getattr(ns, "longer", LONGER_SCRIPT), getattr(ns, "no_warmup", "--warmup 0")),
+          flush=True)
     if ns.json:
         with open(ns.json, "w") as f:
             json.dump(runs, f, indent=1)

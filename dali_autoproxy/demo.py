@@ -96,5 +96,7 @@ def run(ns: argparse.Namespace) -> int:
               "whole path works and gives torchvision's results, not to be fast: expect about the same speed as "
               f"arm A here. The speed is on the GPU: {MEASURED}.", flush=True)
     ab_ns = argparse.Namespace(batches=None, seconds=seconds, repeat=ns.repeat, warmup=2, json=ns.json,
-                               plot=ns.plot, script=script, args=[info["root"], str(epochs), str(ns.workers)])
+                               plot=ns.plot, script=script, args=[info["root"], str(epochs), str(ns.workers)],
+                               longer="run the demo with more --images or --epochs",
+                               no_warmup="more --images (the first 2 batches of each loader are warm-up)")
     return ab.run(ab_ns)

@@ -231,6 +231,39 @@ def output_device(device: str, options: Options) -> str:
     return "cpu"
 
 
+def batch_length(batch: Any) -> int:
+    """Samples in a collated batch: the first dimension of its first tensor (0 when none)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            n = batch_length(item)
+            if n:
+                return n
+    return 0
+
+
+class CountedIterator(wrapt.ObjectProxy):
+    """A plain DataLoader iterator (a loader that fell back) that counts its batches and samples
+    for the report, as the proxied iterator does; nothing else changes."""
+
+    def __init__(self, inner: Any, record: Dict[str, Any], batched: bool = True):
+        super().__init__(inner)
+        self._self_record = record
+        self._self_batched = batched  # batch_size=None: each item is one sample
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = self.__wrapped__.__next__()
+        self._self_record["batches"] += 1
+        self._self_record["samples"] += batch_length(batch) if self._self_batched else 1
+        return batch
+
+
 def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Options) -> Any:
     """The DataLoader's ``_get_iterator``, proxied when the decision says so. DALI pipelines are
     built before any worker starts, so a failure there is a clean fallback."""
@@ -238,7 +271,7 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
         decision = decide(loader, options)
         state.update(decision, options)
         if not decision.proxied:
-            return wrapped()
+            return CountedIterator(wrapped(), state.record, loader._auto_collation)
         batch_size = max_batch_size(loader)
         for plan in decision.plans.values():
             kind = RAW if plan.worker_prefix else ENCODED
@@ -249,7 +282,7 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
         state.update(Decision(False, f"set-up failed ({exc.__class__.__name__}: {exc})",
                               worker_transforms=chain_names(loader.dataset)), options)
         logger.debug("set-up failed", exc_info=True)
-        return wrapped()
+        return CountedIterator(wrapped(), state.record, loader._auto_collation)
     user_init, user_collate = loader.worker_init_fn, loader.collate_fn
     # the workers collate proxies; a user's collate runs here, on DALI's tensors
     loader.collate_fn = CollateInMain(decision.collate) if decision.collate is not None else DefaultCollate()

@@ -99,7 +99,8 @@ class Instrumentor:
         try:
             from .loader import decide
             if self.active and not self.proxy:
-                self.state_for(instance).record.update(reason="A/B arm A: plain torchvision, measured")
+                self.state_for(instance).record.update(
+                    reason="the plain arm (A) of dali-autoproxy ab: torchvision as the script wrote it, measured")
             elif self.active:
                 self.state_for(instance).update(decide(instance, self.options), self.options)
         except Exception:  # the shim must never break the user's script
@@ -110,10 +111,13 @@ class Instrumentor:
         options = self.options
         if options is None:
             return wrapped(*args, **kwargs)
-        from .loader import make_iterator
+        from .loader import CountedIterator, make_iterator
         state = self.state_for(instance)
         state.record["iterated"] = True
-        iterator = make_iterator(wrapped, instance, state, options) if self.proxy else wrapped(*args, **kwargs)
+        if self.proxy:
+            iterator = make_iterator(wrapped, instance, state, options)
+        else:
+            iterator = CountedIterator(wrapped(*args, **kwargs), state.record, instance._auto_collation)
         if self.recorder is not None:
             iterator = self.recorder.wrap(iterator, state.record)
         return iterator

@@ -60,6 +60,7 @@ def falls_back_identically(ds, reason_part: str, **kw) -> dict:
     out = load_all(ds, autoproxy=True, **kw)
     rep = last_report()
     assert not rep["proxied"] and reason_part in rep["reason"], rep
+    assert rep["batches"] == len(out) and rep["samples"] == len(ds), rep  # counted though it fell back
     for a, b in zip(ref, out):
         for u, v in zip(a, b):
             assert torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v

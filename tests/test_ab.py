@@ -54,6 +54,11 @@ def test_ab_on_an_unchanged_script(tmp_path, photo_root):
     assert "batches counted" in out and "samples counted" in out
     assert "stopped at the limit" in out  # the "ended" row, per arm
     assert "warning: DataLoader #1: only" in out  # 30 batches over two loaders: too few for a stable ratio
+    assert "use --batches 300" in out  # the arms stopped at the limit: a larger limit helps
+    # DALI's CPU backend shows the path, not the speed: no B/A that looks like a speed-up
+    assert "arm B ran on DALI's CPU backend" in out
+    rate_rows = [line for line in out.splitlines() if line.startswith("samples/s")]
+    assert rate_rows and not any(line.rstrip().endswith("x") for line in rate_rows), rate_rows
     assert "Traceback" not in res.stderr
     assert "[dali_autoproxy ab] arm A" in res.stderr and "[dali_autoproxy ab] arm B" in res.stderr  # progress
     runs = json.loads(keep.read_text())
@@ -102,3 +107,51 @@ def test_demo_runs_on_a_machine_without_data(tmp_path):
         assert "not to be fast" in res.stdout and "The speed is on the GPU: on an H200" in res.stdout
     assert "DataLoader #1 (ImageFolder), arm B proxied" in res.stdout
     assert "DataLoader #2 (ImageFolder), arm B proxied" in res.stdout
+
+
+SHORT_SCRIPT = textwrap.dedent("""
+    import sys, torch, torchvision
+    import torchvision.transforms as T
+    tf = T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor()])
+    loader = torch.utils.data.DataLoader(torchvision.datasets.ImageFolder(sys.argv[1], transform=tf),
+                                         batch_size=4, num_workers=1)
+    for k, (x, y) in enumerate(loader):
+        if k == 2:
+            break
+""")
+
+
+def test_ab_on_a_script_shorter_than_the_warm_up_says_so(tmp_path, photo_root):
+    script = tmp_path / "short.py"
+    script.write_text(SHORT_SCRIPT)
+    env = dict(os.environ, DALI_AUTOPROXY_DEVICE="cpu")
+    res = subprocess.run([_exe(), "ab", str(script), photo_root], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "ended inside the warm-up" in res.stdout and "--warmup 0" in res.stdout
+    assert "--batches 300" not in res.stdout  # cannot help a script that ends by itself
+
+
+def test_a_failing_arm_shows_its_last_frames_whole():
+    """A deep traceback is cut between frames: the innermost ones and the error stay whole."""
+    from dali_autoproxy.ab import last_frames
+
+    def ping(n):  # two functions in turn: Python folds only a frame repeated in a row
+        if n == 0:
+            raise ValueError("the bottom of the stack " + "x" * 50)
+        return pong(n - 1)
+
+    def pong(n):
+        return ping(n)
+    try:
+        ping(200)
+    except ValueError as exc:
+        text = last_frames(exc, limit=4000)
+    lines = text.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and "earlier frame(s) left out" in lines[1]
+    assert lines[-1].startswith("ValueError: the bottom of the stack") and lines[-1].endswith("x" * 50)
+    frames = lines[2:-1]
+    assert len(text) <= 4000 and len(frames) > 20
+    assert frames[0].startswith("  File ")  # whole frames: each names its place, then its source line
+    assert all(b.startswith("    ") for a, b in zip(frames, frames[1:]) if a.startswith("  File "))
+    assert 'raise ValueError("the bottom of the stack "' in text  # the failing line itself

@@ -262,9 +262,24 @@ def test_report_rows_and_table(photo_root, capsys):
     assert rep["dali_transforms"] == ["decode", "Resize", "CenterCrop", "ToTensor", "Normalize"]
     assert rep["device"] == "cpu" and rep["reason"] is None
     assert rep["samples"] == len(ds) and rep["batches"] == (len(ds) + 7) // 8
-    dali_autoproxy.print_report()
+    dali_autoproxy.print_report(verbose=True)
     table = capsys.readouterr().out
     assert "proxied" in table.splitlines()[0] and "Resize, CenterCrop" in table
+
+
+def test_report_is_compact_by_default_and_whole_when_verbose(photo_root):
+    """The default table fits 100 columns (long reasons wrap); verbose has every column."""
+    from dali_autoproxy.report import COLUMNS, WIDTH, format_report
+    load_all(image_folder(photo_root, EVAL()), autoproxy=True)
+    tf = T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor(), T.RandomRotation(10)])
+    load_all(image_folder(photo_root, tf), autoproxy=True)
+    rows = dali_autoproxy.report()[-2:]
+    compact = format_report(rows)
+    assert max(map(len, compact.splitlines())) <= WIDTH, compact
+    assert "RandomRotation" in compact.replace("\n", " ") and "worker_transforms" not in compact
+    assert f"{rows[1]['batches']}" in compact and rows[1]["batches"] > 0
+    verbose = format_report(rows, verbose=True)
+    assert all(c in verbose.splitlines()[0] for c in COLUMNS) and len(verbose.splitlines()) == 4
 
 
 def test_exif_rotation_is_not_applied(tmp_path):
