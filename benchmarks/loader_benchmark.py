@@ -292,7 +292,7 @@ def main(argv=None):
                     help="also profile one autoproxy train epoch at the largest worker count (main process)")
     a = ap.parse_args(argv)
 
-    from dali_autoproxy.pipeline import default_num_threads
+    from dali_autoproxy.backends.dali.pipeline import default_num_threads
     threads = default_num_threads(a.device)
     corpus = make_corpus(a.data, a.images, large=a.large)
     env = {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from .config import configure_logging, resolve_options
-from .patching import instrumentor
-from .report import format_report, print_report, report
+from dali_autoproxy.config import configure_logging, resolve_options
+from dali_autoproxy.main.hooks import instrumentor
+from dali_autoproxy.main.report import format_report, print_report, report
 
 __version__ = "0.1.0"
 __all__ = ["enable", "disable", "register_equivalent", "is_enabled", "report", "print_report", "format_report"]
@@ -40,7 +40,7 @@ def enable(*, device: Optional[str] = None, output: Optional[str] = None,
                               hw_decoder_load=hw_decoder_load, resize=resize)
     configure_logging(options.log_level)
     if options.device != "cpu":  # before torchvision loads its older copy (see nvjpeg.py)
-        from .nvjpeg import preload
+        from dali_autoproxy.backends.dali.nvjpeg import preload
         preload()
     instrumentor.instrument(options)
 
@@ -56,7 +56,7 @@ def register_equivalent(cls: type, to_torchvision: Optional[Callable[[Any], Any]
     ``to_torchvision(instance)`` returns the torchvision transform (or Compose) translated in
     its place, with torchvision's random draws: the results are the equivalent's, by your
     declaration. Register where the class is defined, at import time."""
-    from .translate import register_equivalent as register
+    from dali_autoproxy.plan.translate import register_equivalent as register
     return register(cls, to_torchvision)
 
 

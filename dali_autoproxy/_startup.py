@@ -8,9 +8,9 @@ import sys
 
 def _start() -> None:
     try:
-        from .config import enable_requested
+        from dali_autoproxy.config import enable_requested
         if enable_requested():
-            from . import enable
+            from dali_autoproxy import enable
             enable()
     except Exception as exc:  # never break interpreter start-up
         sys.stderr.write(f"[dali_autoproxy] ERROR: not enabled: {exc}\n")

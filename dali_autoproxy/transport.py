@@ -20,9 +20,9 @@ from PIL import Image
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 
-from .deferred import NOT_DEFERRED, DeferredJpeg, encoded_jpeg
-from .planning import Plan
-from .translate import flatten
+from dali_autoproxy.worker.deferred import NOT_DEFERRED, DeferredJpeg, encoded_jpeg
+from dali_autoproxy.plan.planning import Plan
+from dali_autoproxy.plan.translate import flatten
 
 ENCODED, RAW = "encoded", "raw"  # what a DALI pipeline takes in: JPEG bytes, or HWC uint8 pixels
 

@@ -208,8 +208,8 @@ CASES: List[Case] = [
 
 def where_it_runs(case: Case, api: str) -> Tuple[str, Optional[str]]:
     """("DALI", None), ("partial", reason) or ("fallback", reason), from the planner alone."""
-    from dali_autoproxy.ir import Unsupported
-    from dali_autoproxy.planning import build_plan
+    from dali_autoproxy.plan.ir import Unsupported
+    from dali_autoproxy.plan.planning import build_plan
     try:
         plan = build_plan(case.chain(api))
     except Unsupported as exc:

@@ -44,8 +44,8 @@ def last_report() -> dict:
 
 def why_not(tf) -> str:
     """The reason a chain is not (wholly) offloaded: a fallback's, or a partial split's."""
-    from dali_autoproxy.ir import Unsupported
-    from dali_autoproxy.planning import build_plan
+    from dali_autoproxy.plan.ir import Unsupported
+    from dali_autoproxy.plan.planning import build_plan
     try:
         plan = build_plan(tf)
     except Unsupported as exc:

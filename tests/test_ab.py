@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent("""
         [T.Resize(64), T.CenterCrop(64), T.ToTensor()])), batch_size=4, num_workers=2)
     for epoch in range(100):
         for x, y in train:
-            if fail_in_b and sys.modules["dali_autoproxy"].patching.instrumentor.proxy:
+            if fail_in_b and sys.modules["dali_autoproxy.main.hooks"].instrumentor.proxy:
                 raise ValueError("the training step broke in arm B")
         for x, y in val:
             pass
@@ -91,7 +91,7 @@ def test_ab_reports_the_failing_arm(tmp_path, photo_root):
 
 def test_demo_is_sized_for_the_machine():
     """Large enough on a GPU for each arm to reach its steady rate (>= 10 s of loader time)."""
-    from dali_autoproxy.demo import CPU_SIZE, GPU_SIZE
+    from dali_autoproxy.tools.demo import CPU_SIZE, GPU_SIZE
     images, epochs, seconds = GPU_SIZE
     assert seconds >= 10 and images * epochs * 2 >= 20_000 * seconds  # autoproxy's H200 rate cannot run out
     assert CPU_SIZE[0] <= 1024 and CPU_SIZE[2] is None
@@ -134,7 +134,7 @@ def test_ab_on_a_script_shorter_than_the_warm_up_says_so(tmp_path, photo_root):
 
 def test_a_failing_arm_shows_its_last_frames_whole():
     """A deep traceback is cut between frames: the innermost ones and the error stay whole."""
-    from dali_autoproxy.ab import last_frames
+    from dali_autoproxy.tools.ab import last_frames
 
     def ping(n):  # two functions in turn: Python folds only a frame repeated in a row
         if n == 0:

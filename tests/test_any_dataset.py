@@ -311,7 +311,7 @@ def test_exif_orientation_is_not_applied_in_an_own_dataset(photo_root, tmp_path)
 def test_a_deferred_jpeg_decodes_exactly_as_pillow_when_touched(photo_root):
     """Unit test of the stand-in: every way of reaching the pixels gives Pillow's."""
     import numpy as np
-    from dali_autoproxy.deferred import DeferredFileLoader, DeferredJpeg
+    from dali_autoproxy.worker.deferred import DeferredFileLoader, DeferredJpeg
     path = samples_of(photo_root)[0][0]
     plain = Image.open(path).convert("RGB")
     for touch in (np.asarray, lambda im: im.crop((3, 5, 40, 60)).tobytes(), lambda im: im.resize((17, 9)).tobytes(),

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader as DataLoaderImportedEarly  # before any
 from torch.utils.data.distributed import DistributedSampler
 
 import dali_autoproxy
-from dali_autoproxy.patching import instrumentor
+from dali_autoproxy.main.hooks import instrumentor
 from helpers import falls_back_identically, image_folder, last_report, load_all
 from photos import MEAN, STD
 from test_fidelity import compare
@@ -158,7 +158,7 @@ def test_fallback_without_gpu_in_auto_mode(photo_root):
 
 
 def test_fallback_when_setup_fails(photo_root, monkeypatch):
-    from dali_autoproxy import pipeline
+    from dali_autoproxy.backends.dali import pipeline
 
     def broken(*a, **k):
         raise RuntimeError("simulated pipeline build failure")
@@ -218,8 +218,8 @@ def test_bad_option_values_are_clear_errors(monkeypatch):
 def test_hw_decoder_load_option_is_validated_and_reaches_the_gpu_decoder(monkeypatch, photo_root):
     from nvidia.dali import Pipeline, fn
     from dali_autoproxy.config import Options, resolve_options
-    from dali_autoproxy.pipeline import Lowering
-    from dali_autoproxy.planning import build_plan
+    from dali_autoproxy.backends.dali.pipeline import Lowering
+    from dali_autoproxy.plan.planning import build_plan
     for bad in (-0.1, 1.5, "0.5", True, float("nan")):
         with pytest.raises(ValueError, match=r"hw_decoder_load=.*numbers from 0 to 1"):
             dali_autoproxy.enable(hw_decoder_load=bad)
@@ -269,7 +269,7 @@ def test_report_rows_and_table(photo_root, capsys):
 
 def test_report_is_compact_by_default_and_whole_when_verbose(photo_root):
     """The default table fits 100 columns (long reasons wrap); verbose has every column."""
-    from dali_autoproxy.report import COLUMNS, WIDTH, format_report
+    from dali_autoproxy.main.report import COLUMNS, WIDTH, format_report
     load_all(image_folder(photo_root, EVAL()), autoproxy=True)
     tf = T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor(), T.RandomRotation(10)])
     load_all(image_folder(photo_root, tf), autoproxy=True)
@@ -306,8 +306,8 @@ def test_forked_worker_never_tears_down_inherited_pipelines(tmp_path):
     script = tmp_path / "fork_gc.py"
     script.write_text(textwrap.dedent("""
         import gc, torch, torchvision.transforms as T
-        from dali_autoproxy.planning import build_plan
-        from dali_autoproxy.pipeline import DaliRunner
+        from dali_autoproxy.plan.planning import build_plan
+        from dali_autoproxy.backends.dali.pipeline import DaliRunner
         plan = build_plan(T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor()]))
         gc.disable()
         runner = DaliRunner(plan, "encoded", 8, "cpu", None)

@@ -98,8 +98,8 @@ def test_cpu_replay_of_the_plan_equals_torchvision(photo_root, case, api):
     silently change the augmentation."""
     import pathlib
     from PIL import Image
-    from dali_autoproxy.cpu_path import run_plan
-    from dali_autoproxy.planning import build_plan
+    from dali_autoproxy.backends.cpu_replay import run_plan
+    from dali_autoproxy.plan.planning import build_plan
     chain = case.chain(api)
     plan = build_plan(chain)
     for k, path in enumerate(sorted(pathlib.Path(photo_root).rglob("*.jpg"))[:3]):

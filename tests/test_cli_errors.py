@@ -15,9 +15,9 @@ def _cli(*args, **env_extra):
 
 
 ENTRY_POINTS = {
-    "run": lambda *a: [sys.executable, "-m", "dali_autoproxy.cli", "run", *a],
+    "run": lambda *a: [sys.executable, "-m", "dali_autoproxy.tools.cli", "run", *a],
     "python -m": lambda *a: [sys.executable, "-m", "dali_autoproxy", *a],
-    "ab": lambda *a: [sys.executable, "-m", "dali_autoproxy.cli", "ab", "--batches", "2", *a],
+    "ab": lambda *a: [sys.executable, "-m", "dali_autoproxy.tools.cli", "ab", "--batches", "2", *a],
 }
 
 
@@ -39,9 +39,9 @@ def test_bad_option_variable_is_one_line(entry, tmp_path):
 
 
 def test_help_texts_are_plain():
-    top = _cli(sys.executable, "-m", "dali_autoproxy.cli", "--help")
+    top = _cli(sys.executable, "-m", "dali_autoproxy.tools.cli", "--help")
     assert top.returncode == 0 and "``" not in top.stdout
-    demo = _cli(sys.executable, "-m", "dali_autoproxy.cli", "demo", "--help")
+    demo = _cli(sys.executable, "-m", "dali_autoproxy.tools.cli", "demo", "--help")
     for option in ("--images", "--epochs", "--workers", "--repeat", "--cache", "--json", "--plot"):
         line = next(ln for ln in demo.stdout.splitlines() if ln.strip().startswith(option))
         assert len(line.split()) > 2 or option in ("--json", "--plot"), line  # a help text follows
@@ -62,7 +62,7 @@ def test_print_report_says_when_not_enabled(capsys):
         dali_autoproxy.print_report()
         assert "not enabled" in capsys.readouterr().out
     dali_autoproxy.enable(device="cpu", log_level="ERROR")
-    from dali_autoproxy.report import format_report
+    from dali_autoproxy.main.report import format_report
     assert "not enabled" not in format_report([])
 
 
@@ -76,12 +76,12 @@ def test_print_report_says_when_not_enabled(capsys):
 def test_ab_numbers_out_of_range_are_refused_before_any_arm(argv, expected, tmp_path):
     script = tmp_path / "train.py"
     script.write_text("print('ran')\n")
-    res = _cli(sys.executable, "-m", "dali_autoproxy.cli", "ab", *argv, str(script))
+    res = _cli(sys.executable, "-m", "dali_autoproxy.tools.cli", "ab", *argv, str(script))
     assert res.returncode == 2 and "ran" not in res.stdout and expected in res.stderr, res.stderr
 
 
 def test_ab_without_a_script_says_a_script_is_needed():
-    res = _cli(sys.executable, "-m", "dali_autoproxy.cli", "ab", "--batches", "3")
+    res = _cli(sys.executable, "-m", "dali_autoproxy.tools.cli", "ab", "--batches", "3")
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines() == [
         "dali-autoproxy: error: a script to run is needed: dali-autoproxy ab [options] train.py [its arguments]"]

@@ -113,7 +113,7 @@ def test_random_erasing_area_and_aspect(api):
 def test_colour_jitter_order_is_a_fresh_permutation_per_sample():
     """Brightness then contrast differs from contrast then brightness on a two-tone image;
     both orders occur, at torchvision's rate."""
-    from dali_autoproxy.planning import build_plan
+    from dali_autoproxy.plan.planning import build_plan
     plan = build_plan(T.Compose([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.ToTensor()]))
     torch.manual_seed(0)
     orders = np.array([plan.draw(10, 10)[:4] for _ in range(2000)])

@@ -9,8 +9,8 @@ import torchvision.transforms.v2 as v2
 
 import dali_autoproxy
 from dali_autoproxy.config import resolve_options
-from dali_autoproxy.ir import FastColorJitter, split_at_takeover
-from dali_autoproxy.planning import SETTINGS, build_plan
+from dali_autoproxy.plan.ir import FastColorJitter, split_at_takeover
+from dali_autoproxy.plan.planning import SETTINGS, build_plan
 from helpers import image_folder, last_report, load_all
 from photos import psnr
 from test_fidelity import MEAN, STD
@@ -76,7 +76,7 @@ def test_exact_stays_the_default_and_the_option_is_validated(monkeypatch):
 def test_a_failed_batch_is_recomputed_exactly():
     """The CPU replay of a fast ColorJitter runs torchvision's own adjustments in the drawn order."""
     from PIL import Image
-    from dali_autoproxy.cpu_path import CPU_KERNELS
+    from dali_autoproxy.backends.cpu_replay import CPU_KERNELS
     from photos import photographs
     img = Image.fromarray(photographs()[0]).convert("RGB")
     row = [1.0, 1.0, 1.0, 0.0] * 4

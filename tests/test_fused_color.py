@@ -61,8 +61,8 @@ def _pillow(img: np.ndarray, row: np.ndarray, hue: float, enabled) -> np.ndarray
 
 def check(device: str) -> dict:
     """Fused kernel against torchvision on PIL images and against the torch-op path."""
-    from dali_autoproxy.ir import ColorJitter, jitter_order
-    from dali_autoproxy.torch_stage import color, fused_color
+    from dali_autoproxy.plan.ir import ColorJitter, jitter_order
+    from dali_autoproxy.backends.torch_stage import color, fused_color
     dev = torch.device(device)
     tables = color.hue_tables(dev)
     rng = np.random.default_rng(7)
@@ -97,7 +97,7 @@ def _v2_tensor(img: np.ndarray, row: np.ndarray, device: str) -> torch.Tensor:
 
 def check_tensor_v2(device: str) -> dict:
     """The v2 tensor kernel against torchvision v2 on uint8 tensors, on the same device."""
-    from dali_autoproxy.torch_stage import fused_color
+    from dali_autoproxy.backends.torch_stage import fused_color
     rng = np.random.default_rng(11)
     report = {"fused": fused_color._load() is not None, "cases": []}
     for size in [(29, 37), (40, 45), (33, 64)]:
@@ -131,8 +131,8 @@ def check_augment(device: str) -> dict:
     path, every operation."""
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.autoaugment import _apply_op
-    from dali_autoproxy.ir import AUGMENT_OPS, Augment
-    from dali_autoproxy.torch_stage import fused_color, policies
+    from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment
+    from dali_autoproxy.backends.torch_stage import fused_color, policies
     rng = np.random.default_rng(5)
     report = {"fused": fused_color._load() is not None, "cases": []}
     for size, bilinear, fill in [((37, 41), False, None), ((24, 70), False, [255, 0, 128]), ((37, 41), True, None),
@@ -179,7 +179,7 @@ def test_fused_color_jitter_in_tritons_interpreter_equals_torchvision():
 
 @pytest.mark.gpu
 def test_fused_color_jitter_on_the_gpu_equals_torchvision():
-    from dali_autoproxy.torch_stage import fused_color
+    from dali_autoproxy.backends.torch_stage import fused_color
     assert fused_color.usable(torch.zeros(1, device="cuda"))
     _assert_exact(check("cuda"))
     _assert_exact(check_tensor_v2("cuda"))
@@ -187,7 +187,7 @@ def test_fused_color_jitter_on_the_gpu_equals_torchvision():
 
 
 def test_without_cuda_the_stage_keeps_the_torch_ops():
-    from dali_autoproxy.torch_stage import fused_color
+    from dali_autoproxy.backends.torch_stage import fused_color
     assert not fused_color.usable(torch.zeros(1))
 
 

@@ -194,9 +194,9 @@ def test_torch_stage_queues_its_work_without_waiting_for_the_gpu(chain):
     check): the GPU may differ by float contraction in the blur, at most 1 level."""
     import numpy as np
     import torchvision.transforms as T
-    from dali_autoproxy.planning import build_plan
-    from dali_autoproxy.ir import split_at_takeover as split
-    from dali_autoproxy.torch_stage import TorchStage
+    from dali_autoproxy.plan.planning import build_plan
+    from dali_autoproxy.plan.ir import split_at_takeover as split
+    from dali_autoproxy.backends.torch_stage import TorchStage
     tail = ([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.2), T.GaussianBlur(9, (0.1, 2.0)),
              T.RandomRotation(15)] if chain == "heavy" else [T.TrivialAugmentWide()])
     plan = build_plan(T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), *tail, T.ToTensor(),

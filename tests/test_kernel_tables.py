@@ -2,13 +2,13 @@
 the op's placement (what planning reads). Adding an op is a checklist this test enforces."""
 import pytest
 
-from dali_autoproxy.cpu_path import CPU_KERNELS
-from dali_autoproxy.ir import ALL_OPS, Crop, PillowResize, Placement, Resize, ToCHW, split_at_takeover
-from dali_autoproxy.kernel_table import KernelTable, MissingKernel
-from dali_autoproxy.pipeline import DALI_KERNELS
-from dali_autoproxy.torch_stage import TORCH_KERNELS
+from dali_autoproxy.backends.cpu_replay import CPU_KERNELS
+from dali_autoproxy.plan.ir import ALL_OPS, Crop, PillowResize, Placement, Resize, ToCHW, split_at_takeover
+from dali_autoproxy.plan.kernel_table import KernelTable, MissingKernel
+from dali_autoproxy.backends.dali.pipeline import DALI_KERNELS
+from dali_autoproxy.backends.torch_stage import TORCH_KERNELS
 
-import dali_autoproxy.ir as ir
+import dali_autoproxy.plan.ir as ir
 
 
 def test_all_ops_lists_every_op_dataclass_of_the_ir():
@@ -45,14 +45,14 @@ def test_registering_twice_is_an_error_and_a_missing_kernel_names_op_and_back_en
 
 def test_converters_cannot_be_registered_twice():
     import torchvision.transforms as T
-    from dali_autoproxy.translate import lookup, register
+    from dali_autoproxy.plan.translate import lookup, register
     lookup(T.ToTensor())  # converters loaded
     with pytest.raises(ValueError, match="already has a converter"):
         register(T.ToTensor)(lambda t, state, alloc: None)
 
 
 def test_the_torch_stage_takes_over_where_placement_says():
-    from dali_autoproxy.ir import ColorJitter, Flip, Normalize, Resize, ToFloat
+    from dali_autoproxy.plan.ir import ColorJitter, Flip, Normalize, Resize, ToFloat
     jitter = ColorJitter(0, (True, True, True, True))
     ops = [Crop(0), Resize("linear", True, 4), Flip(6), jitter, ToFloat(1 / 255), Normalize((0.5,), (0.5,))]
     dali, torch_ops = split_at_takeover(ops)
@@ -62,7 +62,7 @@ def test_the_torch_stage_takes_over_where_placement_says():
 
 
 def test_the_exact_resize_takes_over_at_the_resize_and_leaves_the_crop_and_flip_before_it_to_dali():
-    from dali_autoproxy.ir import Flip, Normalize, ToFloat
+    from dali_autoproxy.plan.ir import Flip, Normalize, ToFloat
     ops = [Flip(0), Crop(1, in_bounds=True), PillowResize(5), Crop(10), ToFloat(1 / 255), Normalize((0.5,), (0.5,))]
     dali, torch_ops = split_at_takeover(ops)
     assert dali == ops[:2] and torch_ops == ops[2:]  # DALI pads its crops; the stage crops after resizing

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from dali_autoproxy import nvjpeg
+from dali_autoproxy.backends.dali import nvjpeg
 
 dali_nvjpeg = nvjpeg._dali_libraries()
 needs_dali_nvjpeg = pytest.mark.skipif(not dali_nvjpeg, reason="DALI's nvJPEG wheel is not installed")

@@ -5,10 +5,10 @@ import torchvision.transforms as T
 import torchvision.transforms.functional as F
 import torchvision.transforms.v2 as v2
 
-from dali_autoproxy import planning
-from dali_autoproxy.ir import Crop, Flip, Normalize, PillowResize, Resize, ToCHW, ToFloat
-from dali_autoproxy.planning import build_plan
-from dali_autoproxy.translate.geometry import center_crop_box, resized_output_size
+from dali_autoproxy.plan import planning
+from dali_autoproxy.plan.ir import Crop, Flip, Normalize, PillowResize, Resize, ToCHW, ToFloat
+from dali_autoproxy.plan.planning import build_plan
+from dali_autoproxy.plan.translate.geometry import center_crop_box, resized_output_size
 from helpers import why_not
 
 
@@ -102,8 +102,8 @@ def test_unsupported_chains_say_why(tf, reason):
 
 def test_torch_stage_takes_over_at_colour_jitter_only_when_it_can_finish(monkeypatch):
     monkeypatch.setitem(planning.SETTINGS, "resize", "pillow")
-    from dali_autoproxy.ir import ColorJitter
-    from dali_autoproxy.ir import split_at_takeover as split
+    from dali_autoproxy.plan.ir import ColorJitter
+    from dali_autoproxy.plan.ir import split_at_takeover as split
     late = build_plan(T.Compose([T.RandomResizedCrop(64), T.ColorJitter(0.4), T.RandomGrayscale(),
                                  T.ToTensor(), T.Normalize([0.5] * 3, [0.5] * 3), T.RandomErasing()]))
     dali_ops, torch_ops = split(late.ops)

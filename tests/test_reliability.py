@@ -140,7 +140,7 @@ def test_dali_failure_gives_pil_pixels_and_the_loader_goes_on(photo_root, monkey
     """A batch DALI cannot process arrives anyway, decoded by PIL and transformed by
     torchvision's functional ops with the params the worker drew (fault injected into DALI's
     output of one batch); later batches and epochs run on a rebuilt pipeline."""
-    from dali_autoproxy import pipeline
+    from dali_autoproxy.backends.dali import pipeline
     real_collect = pipeline.DaliRunner.collect
     calls = {"n": 0}
 
@@ -236,7 +236,7 @@ def _tasks():
 
 
 def _live_pipelines():
-    from dali_autoproxy.pipeline import _live_pipelines
+    from dali_autoproxy.backends.dali.pipeline import _live_pipelines
     gc.collect()
     return len(_live_pipelines)
 
@@ -401,7 +401,7 @@ def test_stuck_pipeline_ends_within_the_loader_timeout(photo_root, monkeypatch):
     the batch arrives through the CPU replay within seconds, and later batches run on a
     rebuilt pipeline. Nothing blocks forever."""
     import threading
-    from dali_autoproxy import pipeline
+    from dali_autoproxy.backends.dali import pipeline
     release = threading.Event()
     real_build = pipeline.DaliRunner._build
     state = {"builds": 0}
@@ -434,7 +434,7 @@ def test_a_slow_torch_stage_is_not_a_stuck_pipeline(photo_root, monkeypatch):
     """The loader's timeout= bounds the wait for DALI's output, not the torch stage after it (a
     first batch may compile Triton kernels for seconds): with timeout=1 and a first stage call
     of 2.5 s, every batch still comes from DALI, none from the CPU replay."""
-    from dali_autoproxy.torch_stage import TorchStage
+    from dali_autoproxy.backends.torch_stage import TorchStage
     real, calls = TorchStage.__call__, {"n": 0}
 
     def slow_first(self, out, params):
@@ -456,7 +456,7 @@ def test_fast_jpeg_header_agrees_with_pil_or_defers(mixed_root):
     height goes to PIL's path, which raises); everything else it leaves to PIL."""
     import glob
     import io
-    from dali_autoproxy.deferred import plain_jpeg_header
+    from dali_autoproxy.worker.deferred import plain_jpeg_header
     datas = [open(p, "rb").read() for p in sorted(glob.glob(f"{mixed_root[0]}/**/*.*", recursive=True))]
     datas += [make() for make in BAD_FILES.values()]
     datas.append(_save(BASE().convert("CMYK"), "JPEG"))

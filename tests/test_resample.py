@@ -58,7 +58,7 @@ def differences_from_pillow(resize, seed: int, batches: int, n: int = 6) -> dict
 
 
 def test_float64_products_equal_pillow_on_photographs():
-    from dali_autoproxy.torch_stage import resample
+    from dali_autoproxy.backends.torch_stage import resample
     resample._FORCE_TORCH_OPS = True
     try:
         assert differences_from_pillow(resample.pillow_resize, 0, 20) == {"samples": 120, "different_from_pillow": 0}
@@ -71,14 +71,14 @@ def test_pass_order_follows_pillow():
     pixels as the width; the two orders round differently, so the rule is checked on a case
     where they disagree."""
     import PIL
-    from dali_autoproxy.torch_stage.resample import vertical_first
+    from dali_autoproxy.backends.torch_stage.resample import vertical_first
     order = vertical_first(np.array([[300, 200], [300, 200]]), np.array([[50, 190], [290, 100]]))
     assert list(order) == ([True, False] if int(PIL.__version__.split(".")[0]) >= 13 else [False, False])
 
 
 def _triton_resize(x, ins, outs, kinds):
-    from dali_autoproxy.torch_stage import resample
-    from dali_autoproxy.torch_stage import _triton_resample
+    from dali_autoproxy.backends.torch_stage import resample
+    from dali_autoproxy.backends.torch_stage import _triton_resample
     order = resample.vertical_first(ins, outs)
     return resample._by_order(lambda *a: resample._two_passes_triton(_triton_resample.resample_axis, *a),
                               x.to(DEVICE), ins, outs, kinds, order)
@@ -155,8 +155,8 @@ def test_resized_loaders_equal_plain_torchvision_border_included(photos_33, name
 
 def test_the_option_is_validated_and_reaches_the_plan(monkeypatch):
     from dali_autoproxy.config import resolve_options
-    from dali_autoproxy.ir import PillowResize, Resize
-    from dali_autoproxy.planning import build_plan
+    from dali_autoproxy.plan.ir import PillowResize, Resize
+    from dali_autoproxy.plan.planning import build_plan
     assert resolve_options(environ={}).resize == "dali"
     assert resolve_options(environ={"DALI_AUTOPROXY_RESIZE": "pillow"}).resize == "pillow"
     with pytest.raises(ValueError, match="DALI_AUTOPROXY_RESIZE='exact'.*dali, pillow"):

@@ -58,7 +58,7 @@ def _seed_python_random(worker_id):
 
 def _drawn_rows(tf, n):
     import random
-    from dali_autoproxy.planning import build_plan
+    from dali_autoproxy.plan.planning import build_plan
     plan = build_plan(tf)
     random.seed(0)
     return [plan.draw(300, 400) for _ in range(n)]
@@ -71,7 +71,7 @@ def test_resize_keep_ratio_says_why():
 
 def test_timm_is_not_imported_by_us():
     code = ("import sys, torchvision.transforms as T\n"
-            "from dali_autoproxy.planning import build_plan\n"
+            "from dali_autoproxy.plan.planning import build_plan\n"
             "build_plan(T.Compose([T.RandomResizedCrop(8), T.ToTensor()]))\n"
             "print('timm' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -1,0 +1,204 @@
+"""The plan, executed with torchvision's functional ops on the CPU, for one sample.
+
+Used in the main process when DALI fails on a batch: each sample is decoded by PIL exactly as
+torchvision's loader does and replayed through the same ops with the params its worker drew,
+so the batch still arrives with PIL-equivalent pixels (or PIL's own exception, for a file PIL
+cannot read either) instead of an error from a different decoder.
+"""
+from __future__ import annotations
+
+import io
+from typing import Any, List
+
+import numpy as np
+import torch
+import torchvision.transforms.functional as F
+import torchvision.transforms.v2.functional as F2
+from PIL import Image
+from torchvision.transforms import InterpolationMode as M
+
+from dali_autoproxy.plan.ir import (AUGMENT_OPS, PERSPECTIVE_IDENTITY, Augment, Blur, ColorJitter, Crop, Erase, FastColorJitter, Flip,
+                 Grayscale, Normalize, Perspective, PillowResize, PixelOp, Resize, TensorAugment, TensorColorJitter, ToCHW, ToFloat,
+                 Warp, jitter_order)
+from dali_autoproxy.plan.kernel_table import KernelTable
+from dali_autoproxy.plan.planning import Plan
+from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
+from dali_autoproxy.plan.tv_internals import tensor_policy_operation
+
+# kernel(img, op, row, v2_step) -> img; img a PIL image or a CHW tensor; v2_step: the op comes
+# from a v2 transform, whose kernels round differently from v1's (uint8 tensor resize, blur)
+CPU_KERNELS = KernelTable("CPU replay")
+
+
+def decode_like_pil_loader(data: bytes) -> Any:
+    img = Image.open(io.BytesIO(data))
+    return img.convert("RGB")
+
+
+def _height(img: Any) -> int:
+    return img.size[1] if hasattr(img, "getbands") else int(img.shape[-2])
+
+
+def _width(img: Any) -> int:
+    return img.size[0] if hasattr(img, "getbands") else int(img.shape[-1])
+
+
+def _pil_fill(fill) -> Any:
+    values = tuple(int(v) for v in fill)
+    return values if len(values) > 1 else values[0]
+
+
+def run_plan(plan: Plan, img: Any, params: List[float]) -> torch.Tensor:
+    """Apply ``plan`` to a PIL image (or HWC uint8 array) with the given per-sample params."""
+    if isinstance(img, np.ndarray):
+        img = Image.fromarray(img)
+    for step in plan.steps:
+        v2_step = step.name.startswith("v2.")
+        for op in step.ops:
+            img = CPU_KERNELS[op](img, op, params, v2_step)
+    return img
+
+
+@CPU_KERNELS.register(Crop)
+def _crop(img, op: Crop, row, v2_step):
+    top, left, h, w = (int(v) for v in row[op.slot:op.slot + 4])
+    if any(f != 0 for f in op.fill):  # F.crop pads with zeros: pad with the fill first
+        is_pil = isinstance(img, Image.Image)
+        pad = [max(0, -left), max(0, -top), max(0, left + w - _width(img)), max(0, top + h - _height(img))]
+        img = F.pad(img, pad, fill=_pil_fill(op.fill) if is_pil else list(op.fill) if len(op.fill) > 1 else op.fill[0])
+        top, left = top + pad[1], left + pad[0]
+    return F.crop(img, top, left, h, w)
+
+
+@CPU_KERNELS.register(Resize)
+def _resize(img, op: Resize, row, v2_step):
+    is_pil = isinstance(img, Image.Image)
+    size = list(op.size) if op.size is not None else [int(v) for v in row[op.slot:op.slot + 2]]
+    mode = {"linear": M.BILINEAR, "cubic": M.BICUBIC, "nn": M.NEAREST if is_pil else M.NEAREST_EXACT}[op.interp]
+    resize = (F2 if v2_step and not is_pil else F).resize
+    return resize(img, size, interpolation=mode, antialias=op.antialias if not is_pil else True)
+
+
+@CPU_KERNELS.register(PillowResize)
+def _pillow_resize(img, op: PillowResize, row, v2_step):  # what torchvision's resize asks of Pillow
+    height, width, kind = int(row[op.slot + 2]), int(row[op.slot + 3]), int(row[op.slot + 4])
+    return img.resize((width, height), kind)
+
+
+@CPU_KERNELS.register(Flip)
+def _flip(img, op: Flip, row, v2_step):
+    if not row[op.slot]:
+        return img
+    return F.vflip(img) if op.vertical else F.hflip(img)
+
+
+@CPU_KERNELS.register(PixelOp)
+def _pixel_op(img, op: PixelOp, row, v2_step):
+    if not row[op.slot]:
+        return img
+    if op.kind == "invert":
+        return F.invert(img)
+    if op.kind == "solarize":
+        return F.solarize(img, op.arg)
+    return F.posterize(img, 8 - (255 - op.arg).bit_length())
+
+
+@CPU_KERNELS.register(ColorJitter)
+def _color_jitter(img, op: ColorJitter, row, v2_step):
+    adjust = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation]
+    for which in jitter_order(np.asarray([row]), op)[0]:
+        if which < 0:
+            continue
+        if which < 3:
+            img = adjust[which](img, row[op.slot + 4 + which])
+        else:  # a factor that gives the same 8-bit shift: int(factor * 255) == k
+            shift = int(row[op.slot + 7])
+            k = shift - 256 if shift > 127 else shift
+            img = F.adjust_hue(img, (k + (0.5 if k >= 0 else -0.5)) / 255)
+    return img
+
+
+@CPU_KERNELS.register(FastColorJitter)
+def _fast_color_jitter(img, op: FastColorJitter, row, v2_step):
+    """A failed batch is recomputed exactly: torchvision's adjustments in the drawn order."""
+    for k in range(4):
+        base = op.slot + 4 * k
+        for which, adjust in enumerate((F.adjust_brightness, F.adjust_contrast, F.adjust_saturation)):
+            if row[base + which] != 1.0:
+                img = adjust(img, float(row[base + which]))
+        if row[base + 3]:
+            img = F.adjust_hue(img, float(row[base + 3]))
+    return img
+
+
+@CPU_KERNELS.register(TensorColorJitter)
+def _tensor_color_jitter(img, op: TensorColorJitter, row, v2_step):
+    uint8 = img.dtype == torch.uint8
+    out = tensor_color_jitter(img.unsqueeze(0).float() if uint8 else img.unsqueeze(0), op, np.asarray([row]), uint8)[0]
+    return out.to(torch.uint8) if uint8 else out
+
+
+@CPU_KERNELS.register(Warp)
+def _warp(img, op: Warp, row, v2_step):  # what torchvision's rotate/affine ask of Pillow
+    return img.transform(img.size, Image.AFFINE, list(row[op.slot:op.slot + 6]),
+                         Image.BILINEAR if op.bilinear else Image.NEAREST, fillcolor=_pil_fill(op.fill))
+
+
+@CPU_KERNELS.register(Perspective)
+def _perspective(img, op: Perspective, row, v2_step):  # what torchvision's perspective asks of Pillow
+    coeffs = [float(v) for v in row[op.slot:op.slot + 8]]
+    if tuple(coeffs) == PERSPECTIVE_IDENTITY:
+        return img
+    return img.transform(img.size, Image.PERSPECTIVE, coeffs, Image.BILINEAR if op.bilinear else Image.NEAREST,
+                         fillcolor=_pil_fill(op.fill))
+
+
+@CPU_KERNELS.register(Augment)
+def _augment(img, op: Augment, row, v2_step):  # torchvision's own policy operation, v1 units
+    from torchvision.transforms.autoaugment import _apply_op
+    return _apply_op(img, AUGMENT_OPS[int(row[op.slot])], float(row[op.slot + 1]),
+                     interpolation=M.BILINEAR if op.bilinear else M.NEAREST, fill=[float(v) for v in op.fill])
+
+
+@CPU_KERNELS.register(TensorAugment)
+def _tensor_augment(img, op: TensorAugment, row, v2_step):  # torchvision's own tensor policy operation
+    name = AUGMENT_OPS[int(row[op.slot])]
+    if name == "Identity":
+        return img
+    return tensor_policy_operation(op.api)(img, name, float(row[op.slot + 1]), op.interpolation, op.fill)
+
+
+@CPU_KERNELS.register(Grayscale)
+def _grayscale(img, op: Grayscale, row, v2_step):
+    return F.rgb_to_grayscale(img, op.channels) if op.slot is None or row[op.slot] else img
+
+
+@CPU_KERNELS.register(Blur)
+def _blur(img, op: Blur, row, v2_step):
+    sigma_y, sigma_x = row[op.slot], row[op.slot + 1]
+    return (F2 if v2_step else F).gaussian_blur(img, [op.kernel[1], op.kernel[0]], [sigma_x, sigma_y])
+
+
+@CPU_KERNELS.register(Erase)
+def _erase(img, op: Erase, row, v2_step):
+    top, left, h, w = (int(v) for v in row[op.slot:op.slot + 4])
+    if not (h and w):
+        return img
+    chw = F.pil_to_tensor(img) if isinstance(img, Image.Image) else img
+    return F.erase(chw, top, left, h, w, torch.tensor(op.value)[:, None, None])
+
+
+@CPU_KERNELS.register(ToFloat)
+def _to_float(img, op: ToFloat, row, v2_step):
+    t = F.pil_to_tensor(img) if isinstance(img, Image.Image) else img
+    return t.float().div(round(1 / op.scale)) if op.divide else t.float() * op.scale
+
+
+@CPU_KERNELS.register(ToCHW)
+def _to_chw(img, op: ToCHW, row, v2_step):
+    return F.pil_to_tensor(img) if isinstance(img, Image.Image) else img
+
+
+@CPU_KERNELS.register(Normalize)
+def _normalize(img, op: Normalize, row, v2_step):
+    return F.normalize(img, list(op.mean), list(op.std))

@@ -1,0 +1,510 @@
+"""Pipeline building: lowering a plan's ops to one DALI pipeline, and running it.
+
+Fusions, because each saves a full pass over the image:
+- the first crop of an encoded input becomes a region-of-interest decode
+  (``decoders.image_slice``): only the crop is decoded, as hand-written DALI code does
+  (on the GPU where its nvJPEG can upsample chroma as Pillow does there: nvjpeg.py);
+- the trailing flip / to-float / normalise / HWC->CHW run becomes one
+  ``crop_mirror_normalize``.
+Everything per sample (crop boxes, sizes, flip flags) arrives through external sources.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import weakref
+import queue
+import threading
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from dali_autoproxy.plan.ir import (Augment, Blur, ChainState, ColorJitter, Crop, Erase, FastColorJitter, Flip, Grayscale, Normalize,
+                 Perspective, PillowResize, PixelOp, Resize, TensorAugment, TensorColorJitter, ToCHW, ToFloat, Warp,
+                 compose_affine, split_at_takeover)
+from dali_autoproxy.config import Options
+from dali_autoproxy.plan.kernel_table import KernelTable
+from dali_autoproxy.backends.dali.nvjpeg import region_decode_like_libjpeg
+from dali_autoproxy.plan.planning import Plan
+from dali_autoproxy.backends.torch_stage import TorchStage
+from dali_autoproxy.transport import ProxyGroup
+
+DALI_KERNELS = KernelTable("DALI lowering")
+DALI_KERNELS.not_here("exact only as torch ops; the torch stage takes over from it",
+                      ColorJitter, TensorColorJitter, Warp, Perspective, Augment, TensorAugment, PillowResize)
+
+_TAIL_OPS = frozenset((Flip, ToFloat, Normalize, ToCHW))  # what one crop_mirror_normalize can finish with
+
+STALL_LIMIT_S = 600.0  # no output for this long (or the loader's timeout=) means DALI is stuck
+CLOSE_WAIT_S = 10.0  # a pipeline's thread gets this long to finish its batch when the pipeline goes
+
+_live_pipelines: "weakref.WeakSet" = weakref.WeakSet()
+_live_runners: "weakref.WeakSet" = weakref.WeakSet()
+_fork_guard: list = []
+
+
+def _guard_before_fork() -> None:
+    """Runs in the parent just before a fork (a DataLoader worker starting).
+
+    A forked worker inherits the parent's DALI pipelines, some perhaps unreachable garbage
+    awaiting the cycle collector (an exception's traceback can hold a whole loader). Were the
+    child's collector to free one, DALI would tear down threads that exist only in the parent
+    and the worker would hang or crash (seen: a segfault inside threading's after-fork hook,
+    before any child hook of ours could run). So the fork snapshots strong references to every
+    runner and pipeline: the child keeps them, untouched, until it exits."""
+    _fork_guard[:] = list(_live_runners) + list(_live_pipelines)
+
+
+def _release_guard_in_parent() -> None:
+    _fork_guard.clear()
+
+
+os.register_at_fork(before=_guard_before_fork, after_in_parent=_release_guard_in_parent)
+
+
+def _split_tail(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
+    """Longest suffix of elementwise ops (with at most one horizontal flip) for one
+    crop_mirror_normalize."""
+    i = len(ops)
+    flips = 0
+    while i > 0 and type(ops[i - 1]) in _TAIL_OPS:
+        op = ops[i - 1]
+        if type(op) is Flip:
+            if op.vertical or flips:
+                break  # crop_mirror_normalize mirrors horizontally, once
+            flips += 1
+        i -= 1
+    return list(ops[:i]), list(ops[i:])
+
+
+class Lowering:
+    """Builds the DALI graph for a plan; knows which external sources need which params.
+    Each op is lowered by its kernel in DALI_KERNELS: ``kernel(lowering, op, img) -> img``."""
+
+    def __init__(self, plan: Plan, input_kind: str, device: str,
+                 hw_decoder_load: float = Options.hw_decoder_load):
+        self.plan = plan
+        self.hw_decoder_load = hw_decoder_load  # the GPU's hardware JPEG decoder's share
+        self.device = device  # "gpu" or "cpu"
+        self.input_kind = input_kind  # "encoded" (JPEG bytes) or "raw" (HWC uint8 pixels)
+        self.feeds: List[Tuple[str, int, int, object]] = []  # (name, column, width, numpy dtype)
+        self.ops, torch_ops = split_at_takeover(plan.ops)
+        self.torch_stage = TorchStage(torch_ops) if torch_ops else None
+        # what the DALI part hands over: the plan's output, or uint8 HWC pixels for the torch stage
+        channels = 3
+        for op in self.ops:
+            channels = getattr(op, "channels", channels)  # a Grayscale sets the channel count
+        self.out_state = ChainState(channels=channels) if torch_ops else plan.state
+
+    def param(self, name: str, column: int, width: int, dtype, operand: bool = False) -> object:
+        """A per-sample value fed from the params row; ``operand``: used in arithmetic with
+        the image, so it must sit on the image's device."""
+        from nvidia.dali import fn, types
+        dali_type = types.INT32 if dtype == np.int32 else types.FLOAT
+        self.feeds.append((name, column, width, dtype))
+        node = fn.external_source(name=name, device="cpu", dtype=dali_type)
+        return node.gpu() if operand and self.device == "gpu" else node
+
+    def graph(self):
+        from nvidia.dali import fn, types
+        ops = list(self.ops)
+        encoded = self.input_kind == "encoded"
+        # no_copy: DALI reads the workers' shared memory in place (DaliRunner keeps it alive)
+        data = fn.external_source(name="data", device="cpu", dtype=types.UINT8, no_copy=True,
+                                  layout=None if encoded else "HWC")
+        if encoded:
+            decode_device = "mixed" if self.device == "gpu" else "cpu"
+            common = dict(device=decode_device, output_type=types.RGB, adjust_orientation=False)
+            if decode_device == "mixed":
+                common["hw_decoder_load"] = self.hw_decoder_load
+            first = ops[0] if ops else None
+            # jpeg_fancy_upsampling: the GPU decoder upsamples chroma as libjpeg-turbo (Pillow) does.
+            # A region decode can do that at full speed only with nvJPEG 13.2+ (nvjpeg.py);
+            # elsewhere the whole image is decoded and the crop (a DALI op) follows
+            region = self.device == "cpu" or region_decode_like_libjpeg()
+            if type(first) is Crop and first.in_bounds and region:  # region-of-interest decode
+                ops.pop(0)
+                anchor = self.param(f"anchor{first.slot}", first.slot, 2, np.int32)
+                shape = self.param(f"shape{first.slot}", first.slot + 2, 2, np.int32)
+                img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", jpeg_fancy_upsampling=True,
+                                              **common)
+            else:
+                img = fn.decoders.image(data, jpeg_fancy_upsampling=True, **common)
+        else:
+            img = data.gpu() if self.device == "gpu" else data
+
+        erases: List[object] = []
+        while ops and type(ops[-1]) is Erase:  # erasing after the tail, on the CHW tensor
+            erases.insert(0, ops.pop())
+        body, tail = _split_tail(ops)
+        for op in body:
+            img = DALI_KERNELS[op](self, op, img)
+        stage = self.torch_stage
+        if stage is not None and stage.ops[0].ragged:
+            # the stage's first op takes each sample at its own size: one batch, padded to the largest
+            if tail:
+                img = self._lower_tail(tail, img)
+            return fn.pad(img, axis_names="HW", fill_value=0)
+        img = self._lower_tail(tail, img)
+        for op in erases:
+            img = DALI_KERNELS[op](self, op, img)
+        return img
+
+    def _lower_tail(self, tail: List[object], img):
+        from nvidia.dali import fn, types
+        state = self.out_state
+        kwargs = {}
+        flips = [op for op in tail if type(op) is Flip]
+        if flips:
+            kwargs["mirror"] = self.param(f"flip{flips[0].slot}", flips[0].slot, 1, np.int32)
+        a, b = compose_affine(tail, state.channels)
+        if state.dtype == "float32":
+            # (x - mean) / std == a * x + b  with  std = 1 / a, mean = -b / a
+            kwargs.update(dtype=types.FLOAT, mean=list(-b / a), std=list(1.0 / a))
+        else:
+            kwargs.update(dtype=types.UINT8)
+        layout = "CHW" if state.kind == "tensor" else "HWC"
+        return fn.crop_mirror_normalize(img, output_layout=layout, **kwargs)
+
+
+# ----------------------------------------------------------------------------- DALI kernels
+@DALI_KERNELS.register(Crop)
+def _crop(lw: Lowering, op: Crop, img):
+    from nvidia.dali import fn
+    anchor = lw.param(f"anchor{op.slot}", op.slot, 2, np.int32)
+    shape = lw.param(f"shape{op.slot}", op.slot + 2, 2, np.int32)
+    return fn.slice(img, anchor, shape, axis_names="HW", fill_values=list(op.fill),
+                    out_of_bounds_policy="error" if op.in_bounds else "pad")
+
+
+@DALI_KERNELS.register(Resize)
+def _resize(lw: Lowering, op: Resize, img):
+    from nvidia.dali import fn, types
+    interp = {"linear": types.INTERP_LINEAR, "cubic": types.INTERP_CUBIC, "nn": types.INTERP_NN}[op.interp]
+    if op.size is not None:
+        height, width = float(op.size[0]), float(op.size[1])
+    else:
+        height = lw.param(f"height{op.slot}", op.slot, 1, np.float32)
+        width = lw.param(f"width{op.slot}", op.slot + 1, 1, np.float32)
+    return fn.resize(img, resize_y=height, resize_x=width, interp_type=interp, antialias=op.antialias)
+
+
+@DALI_KERNELS.register(Flip)
+def _flip(lw: Lowering, op: Flip, img):
+    from nvidia.dali import fn
+    flag = lw.param(f"flip{op.slot}", op.slot, 1, np.int32)
+    return fn.flip(img, horizontal=0, vertical=flag) if op.vertical else fn.flip(img, horizontal=flag)
+
+
+_PIXEL_FORMULAS = {  # y as integer arithmetic on x, applied where flag is 1
+    "invert": lambda x, flag, arg: x + flag * (255 - 2 * x),
+    "solarize": lambda x, flag, arg: x + flag * (x >= arg) * (255 - 2 * x),
+    "posterize": lambda x, flag, arg: x + flag * ((x & arg) - x),
+}
+
+
+@DALI_KERNELS.register(PixelOp)
+def _pixel_op(lw: Lowering, op: PixelOp, img):
+    from nvidia.dali import fn, types
+    flag = lw.param(f"apply{op.slot}", op.slot, 1, np.int32)
+    y = _PIXEL_FORMULAS[op.kind](fn.cast(img, dtype=types.INT32), flag, op.arg)
+    return fn.cast(y, dtype=types.UINT8)
+
+
+@DALI_KERNELS.register(Grayscale)
+def _grayscale(lw: Lowering, op: Grayscale, img):
+    from dali_autoproxy.backends.dali import color as dali_color
+    apply = None if op.slot is None else lw.param(f"gray{op.slot}", op.slot, 1, np.float32, True)
+    return dali_color.grayscale(img, op.channels, apply)
+
+
+@DALI_KERNELS.register(FastColorJitter)
+def _fast_color_jitter(lw: Lowering, op: FastColorJitter, img):
+    """DALI's fused color_twist once per position of each sample's drawn order (ir.FastColorJitter)."""
+    from nvidia.dali import fn
+    for k in range(4):
+        base = op.slot + 4 * k
+        b, c, s, h = (lw.param(f"twist{base + j}", base + j, 1, np.float32) for j in range(4))
+        img = fn.color_twist(img, brightness=b, contrast=c, saturation=s, hue=h * 360.0)
+    return img
+
+
+@DALI_KERNELS.register(Blur)
+def _blur(lw: Lowering, op: Blur, img):
+    from nvidia.dali import fn
+    sigma = lw.param(f"sigma{op.slot}", op.slot, 2, np.float32)
+    return fn.gaussian_blur(img, window_size=list(op.kernel), sigma=sigma)
+
+
+@DALI_KERNELS.register(Erase)
+def _erase(lw: Lowering, op: Erase, img):
+    from nvidia.dali import fn
+    anchor = lw.param(f"erase_at{op.slot}", op.slot, 2, np.float32)
+    shape = lw.param(f"erase_hw{op.slot}", op.slot + 2, 2, np.float32)
+    return fn.erase(img, anchor=anchor, shape=shape, axis_names="HW", fill_value=list(op.value))
+
+
+@DALI_KERNELS.register(ToFloat)
+def _to_float(lw: Lowering, op: ToFloat, img):
+    from nvidia.dali import fn, types
+    img = fn.cast(img, dtype=types.FLOAT)
+    return img * op.scale if op.scale != 1.0 else img
+
+
+@DALI_KERNELS.register(Normalize)
+def _normalize(lw: Lowering, op: Normalize, img):
+    from nvidia.dali import fn, types
+    return fn.crop_mirror_normalize(img, dtype=types.FLOAT, output_layout="HWC", mean=list(op.mean), std=list(op.std))
+
+
+@DALI_KERNELS.register(ToCHW)
+def _to_chw(lw: Lowering, op: ToCHW, img):
+    return img  # the layout is applied once, in the tail
+
+
+class _Batch:
+    """One submitted batch: fed and run, then collected, by the pipeline's thread; the loader
+    waits for its result."""
+    __slots__ = ("group", "stream", "done", "delivered", "ok", "value", "requested", "cancelled")
+
+    def __init__(self, group: ProxyGroup, stream) -> None:
+        self.group, self.stream = group, stream
+        self.done, self.delivered, self.ok, self.value = threading.Event(), threading.Event(), False, None
+        self.requested = self.cancelled = False
+
+    def fail(self, exc: BaseException) -> None:
+        self.group, self.value = None, exc
+        self.done.set()
+
+    def succeed(self, value) -> None:
+        self.group, self.value, self.ok = None, value, True
+        self.done.set()
+
+    def result(self, timeout: float):
+        """The batch; TimeoutError if DALI delivers no output within ``timeout`` seconds. The
+        torch stage's own time (a first batch may compile its Triton kernels) does not count."""
+        if not self.done.wait(timeout) and not (self.delivered.is_set() and self.done.wait()):
+            raise TimeoutError
+        value, self.value = self.value, None
+        if self.ok:
+            return value
+        raise value
+
+
+class _Inputs:
+    """A pipeline and the payloads it reads in place (``no_copy``), released in that order:
+    DALI's pipeline stops before the memory it may still read is freed."""
+    __slots__ = ("pipe", "payloads")
+
+    def __init__(self, pipe) -> None:
+        self.pipe, self.payloads = pipe, collections.deque()
+
+    def __del__(self) -> None:
+        self.pipe = None
+        self.payloads = None
+        _release_memory_if_idle()
+
+
+class _PipelineThread:
+    """The one thread that touches a pipeline once it is built, as DALI's own proxy server
+    does: it feeds and runs every batch as soon as it is queued, and collects the oldest (DALI's
+    outputs, then the torch stage) once the loader has its look-ahead queued behind it. So the
+    stage's launches and the feeding overlap the main thread's work on the next batches, and
+    DALI's outputs() call, which has no timeout, never blocks the loader (it waits on the batch
+    with one). A daemon: a pipeline stuck for good never holds up interpreter exit."""
+
+    def __init__(self, inputs: _Inputs, feeds, stage: Optional[TorchStage], device_id: Optional[int]) -> None:
+        self._commands: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._run = (inputs, feeds, stage, device_id)
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="dali_autoproxy-pipeline")
+        self._thread.start()
+
+    def feed(self, batch: _Batch) -> None:
+        self._commands.put((True, batch))
+
+    def collect(self, batch: _Batch) -> None:
+        self._commands.put((False, batch))
+
+    def close(self, wait: float = 0.0) -> None:
+        """End the thread after the command in progress; ``wait``: up to that many seconds for
+        it to let go of the pipeline (so its memory is free when the caller returns)."""
+        self._commands.put(None)
+        if wait and threading.current_thread() is not self._thread:
+            self._thread.join(wait)
+
+    def _loop(self) -> None:
+        inputs, feeds, stage, device_id = self._run
+        del self._run
+        if device_id is not None:
+            torch.cuda.set_device(device_id)
+        requested: "collections.deque" = collections.deque()  # collections asked for, oldest first
+        while True:
+            try:  # every queued feed goes to DALI before the thread blocks in outputs()
+                command = self._commands.get(block=not requested)
+            except queue.Empty:
+                command = (False, requested.popleft())
+            else:
+                if command is None:
+                    return
+                if not command[0]:
+                    requested.append(command[1])
+                    continue
+            is_feed, batch = command
+            del command
+            if batch.cancelled or batch.done.is_set():  # cancelled, or its feed failed
+                del batch
+                continue
+            try:
+                if is_feed:
+                    _feed(inputs, feeds, batch.group)
+                else:
+                    with torch.cuda.stream(batch.stream) if batch.stream is not None else contextlib.nullcontext():
+                        out = _outputs(inputs)
+                        batch.delivered.set()
+                        batch.succeed(stage(out, batch.group.params) if stage is not None else out)
+                        del out
+            except BaseException as exc:  # handed to the loader, which rebuilds the pipeline
+                batch.fail(exc)
+            del batch
+
+
+def _feed(inputs: _Inputs, feeds, group: ProxyGroup) -> None:
+    pipe = inputs.pipe
+    pipe.feed_input("data", group.payload_views())
+    inputs.payloads.append(group.payload)  # until its output is out, whoever drops the group
+    params = group.params
+    for name, column, width, dtype in feeds:
+        col = params[:, column:column + width].astype(dtype, copy=True)
+        pipe.feed_input(name, col.reshape(-1) if width == 1 else col)
+    # DALI's own proxy drives the pipeline this way: one scheduled run per fed batch.
+    pipe._run_once()
+
+
+def _outputs(inputs: _Inputs) -> Union[torch.Tensor, List[torch.Tensor]]:
+    """DALI's next output as torch tensors (one batch, or one per sample when sizes differ)."""
+    (out,) = inputs.pipe.outputs()
+    inputs.payloads.popleft()  # DALI is done reading it
+    if out.is_dense_tensor():
+        return torch.from_dlpack(out.as_tensor())
+    return [torch.from_dlpack(out[i]) for i in range(len(out))]
+
+
+def _release_memory_if_idle() -> None:
+    """DALI's cached memory (and the stage's grids) go once no pipeline of ours is left."""
+    if _live_pipelines or _fork_guard:
+        return
+    try:
+        from nvidia.dali.backend import ReleaseUnusedMemory
+        from dali_autoproxy.backends.torch_stage.tensor_policies import release_grids
+        release_grids()
+        ReleaseUnusedMemory()
+    except Exception:  # pragma: no cover - interpreter shutdown
+        pass
+
+
+def default_num_threads(device: str) -> int:
+    cores = os.cpu_count() or 2
+    return max(1, min(cores, 8)) if device == "cpu" else max(2, min(cores // 2, 6))
+
+
+class DaliRunner:
+    """One DALI pipeline for one plan and input kind: batches go in with submit(), come out in
+    FIFO order with collect(). Only its thread touches the pipeline once built."""
+
+    def __init__(self, plan: Plan, input_kind: str, batch_size: int, device: str, device_id: Optional[int],
+                 num_threads: Optional[int] = None, ahead: int = 2,
+                 hw_decoder_load: float = Options.hw_decoder_load):
+        self.plan = plan
+        self.input_kind = input_kind
+        self.batch_size = batch_size
+        self.device = device
+        self.device_id = device_id
+        self.num_threads = num_threads or default_num_threads(device)
+        self.ahead = ahead  # batches queued behind the one being collected
+        self.prefetch = ahead + 1  # DALI's queue holds every batch the loader has submitted
+        self.hw_decoder_load = hw_decoder_load
+        self._batches: "collections.deque" = collections.deque()  # submitted, not collected; oldest first
+        self._thread: Optional[_PipelineThread] = None
+        _live_runners.add(self)
+        self._build()
+
+    def _build(self) -> None:
+        from nvidia.dali import Pipeline
+        self.lowering = Lowering(self.plan, self.input_kind, self.device, self.hw_decoder_load)
+        pipe = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
+                        device_id=self.device_id if self.device == "gpu" else None,
+                        prefetch_queue_depth=self.prefetch, exec_dynamic=True)
+        with pipe:
+            pipe.set_outputs(self.lowering.graph())
+        pipe.build()
+        _live_pipelines.add(pipe)
+        self.pipe = pipe
+        self._batches.clear()
+        self._thread = _PipelineThread(_Inputs(pipe), self.lowering.feeds, self.lowering.torch_stage,
+                                       self.device_id if self.device == "gpu" else None)
+
+    def __del__(self) -> None:
+        """Free the pipeline now (its thread lets go of it); DALI's cached memory goes with the
+        last pipeline of ours."""
+        self.pipe = None
+        self._stop_thread(wait=CLOSE_WAIT_S)
+
+    @property
+    def pending(self) -> int:
+        return len(self._batches)
+
+    def _stop_thread(self, wait: float = 0.0) -> None:
+        """Cancel what is queued and let the thread end (a thread stuck in DALI is left to it)."""
+        for batch in getattr(self, "_batches", ()):
+            batch.cancelled = True
+        if getattr(self, "_thread", None) is not None:
+            self._thread.close(wait)
+            self._thread = None
+
+    def rebuild(self) -> None:
+        """After a failure the pipeline's queue state is unknown: start a fresh one."""
+        self._stop_thread()
+        self.pipe = None
+        self._build()
+
+    def submit(self, group: ProxyGroup) -> None:
+        """Queue one batch: fed and run at once on the pipeline's thread, and collected there
+        ahead of the loader once ``ahead`` batches are fed behind it."""
+        stream = torch.cuda.current_stream() if self.device == "gpu" else None  # the loop's
+        batch = _Batch(group, stream)
+        self._batches.append(batch)
+        self._thread.feed(batch)
+        waiting = [b for b in self._batches if not b.requested]
+        if len(waiting) > self.ahead:
+            self._request(waiting[0])
+
+    def _request(self, batch: _Batch) -> None:
+        batch.requested = True
+        self._thread.collect(batch)
+
+    def collect(self, timeout: Optional[float] = None) -> Union[torch.Tensor, List[torch.Tensor]]:
+        """The oldest submitted batch: one batched tensor, or a list when shapes differ.
+
+        A pipeline with no output for ``timeout`` seconds ends in a RuntimeError (then
+        rebuild()) instead of a hang."""
+        batch = self._batches.popleft()
+        if not batch.requested:
+            self._request(batch)
+        limit = timeout or STALL_LIMIT_S
+        try:
+            return batch.result(limit)
+        except TimeoutError:
+            self._stop_thread()  # stuck in DALI: it is left there
+            raise RuntimeError(f"DALI produced no output within {limit:g} s; the pipeline is "
+                               "considered stuck") from None
+
+    def drain(self) -> None:
+        """Discard outputs of batches nobody will take (after a break out of an epoch)."""
+        while self._batches:
+            try:
+                self.collect()
+            except Exception:
+                self.rebuild()
+                return

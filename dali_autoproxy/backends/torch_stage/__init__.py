@@ -1,0 +1,73 @@
+"""The end of a plan run as batched torch ops on DALI's output, on the same device.
+
+Pillow's colour maths (ColorJitter above all) is dozens of small steps: as DALI operators each is
+a separate operator with its own scheduling, and a batch pays for all of them (measured on the
+H200: the heavy augmentation chain at 1,800 images/s, against 11,800 for DALI's own approximate
+color_twist). As torch ops on one [B, C, H, W] batch they take ~3-5 ms of host time per 128
+images, and as one Triton kernel per batch (``fused_color``, where Triton runs) ~1 ms. So when a
+plan holds a ColorJitter, DALI decodes, crops and resizes, and from the ColorJitter on the ops
+run here. Rotations, affine and perspective warps too: Pillow samples them in ways (16.16 fixed
+point, float64) that torch ops reproduce exactly and DALI's float warp does not. Here: Pillow's
+arithmetic (exact), torchvision's own kernels for blur, tensor jitter and normalisation,
+per-sample params from the worker. The stage runs on the pipeline's own thread
+(``pipeline.DaliRunner``), right after DALI's output for the batch.
+
+One module per family registers a kernel per IR op type in ``TORCH_KERNELS``; which ops come
+here is the ops' ``placement`` (``ir.split_at_takeover``).
+"""
+from __future__ import annotations
+
+from typing import List, Sequence, Union
+
+import numpy as np
+import torch
+
+from dali_autoproxy.backends.torch_stage import color, filters, geometry, policies, resample, tensor, tensor_jitter, tensor_policies  # noqa: F401  (kernels)
+from dali_autoproxy.backends.torch_stage.color import hue_tables
+from dali_autoproxy.backends.torch_stage.geometry import perspective, warp
+from dali_autoproxy.backends.torch_stage.policies import augment
+from dali_autoproxy.backends.torch_stage.registry import TORCH_KERNELS, Batch, upload
+from dali_autoproxy.backends.torch_stage.resample import uniform
+from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
+
+
+class TorchStage:
+    """Runs ``ops`` on a batch DALI produced: uint8 [B, H, W, C] (or a list of [H, W, C]). A batch
+    whose samples differ in size (after an exact resize to each image's own size) stays one
+    batch through the kernels that take any size (``ragged``: resizes, crops) and is split into
+    samples before any other kernel, which needs one size."""
+
+    def __init__(self, ops: Sequence[object]):
+        self.ops = list(ops)
+        self.kernels = [TORCH_KERNELS[op] for op in self.ops]
+
+    def __call__(self, out: Union[torch.Tensor, List[torch.Tensor]], params) -> Union[torch.Tensor, List[torch.Tensor]]:
+        if isinstance(out, list):  # sizes differ: one sample at a time
+            return [self(o.unsqueeze(0), params[k:k + 1]).squeeze(0) for k, o in enumerate(out)]
+        host = np.asarray(params)
+        batch = Batch(host, upload(host, out.device))
+        x = out.permute(0, 3, 1, 2).to(torch.float32)  # whole numbers 0..255 until a ToFloat
+        return self._run(x, batch, 0)
+
+    def _run(self, x: torch.Tensor, batch: Batch, start: int) -> Union[torch.Tensor, List[torch.Tensor]]:
+        for k in range(start, len(self.ops)):
+            op = self.ops[k]
+            if not op.ragged and not uniform(batch.sizes):
+                return [self._run(*self._sample(x, batch, i), k).squeeze(0) for i in range(x.shape[0])]
+            x = self.kernels[k](x, op, batch)
+        if not uniform(batch.sizes):
+            return [self._finish(x[i:i + 1, :, :h, :w], batch)[0] for i, (h, w) in enumerate(batch.sizes)]
+        return self._finish(x, batch)
+
+    @staticmethod
+    def _sample(x: torch.Tensor, batch: Batch, i: int):
+        """Sample i of a padded batch as a batch of its own size."""
+        h, w = (int(v) for v in batch.sizes[i])
+        return x[i:i + 1, :, :h, :w], Batch(batch.host[i:i + 1], batch.params[i:i + 1], batch.integer)
+
+    @staticmethod
+    def _finish(x: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return x.to(torch.uint8).contiguous() if batch.integer else x.contiguous()
+
+
+__all__ = ["TORCH_KERNELS", "TorchStage", "augment", "warp", "perspective", "tensor_color_jitter", "hue_tables"]

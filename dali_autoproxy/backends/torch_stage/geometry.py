@@ -1,0 +1,121 @@
+"""Pillow's geometric transforms as batched torch ops: its nearest-neighbour affine transform
+(16.16 fixed point, or its scale-only path) and its generic perspective transform (float64),
+each sample with its own matrix; flips."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from dali_autoproxy.plan.ir import PERSPECTIVE_IDENTITY, Flip, Perspective, Warp
+from dali_autoproxy.backends.torch_stage.registry import Batch, constant, kernel, update_rows, upload
+
+
+def _coord(v):
+    """Pillow's COORD: -1 below zero, else truncation."""
+    return np.where(v < 0, -1, v.astype(np.int64))
+
+
+def _gather(x: torch.Tensor, yy: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
+    """x[b, :, yy, xx] for per-sample integer coordinate maps [B, H, W] (clamped to the image)."""
+    b, c, h, w = x.shape
+    index = (yy.clamp(0, h - 1) * w + xx.clamp(0, w - 1)).view(b, 1, h * w).expand(b, c, h * w)
+    return x.reshape(b, c, h * w).gather(2, index).view(b, c, h, w)
+
+
+def warp(x: torch.Tensor, matrices, fill: Sequence[float]) -> torch.Tensor:
+    """Pillow's nearest-neighbour ImagingTransformAffine with one inverse matrix per sample
+    (host float64 [B, 6]): its scale-only path (double accumulation, tabulated on the host)
+    or its 16.16 fixed-point path (integers, exact on the device); outside: ``fill``. The host
+    part is vectorised over the batch with the C's operation order (accumulate is sequential)."""
+    b, c, h, w = x.shape
+    fixed, is_fixed, xs, ys = affine_tables(matrices, w, h)
+    dev = x.device
+    f = upload(fixed, dev).view(b, 6, 1, 1)
+    row = torch.arange(h, device=dev, dtype=torch.int64).view(1, h, 1)
+    col = torch.arange(w, device=dev, dtype=torch.int64).view(1, 1, w)
+    xin = (f[:, 2] + row * f[:, 1] + col * f[:, 0]) >> 16
+    yin = (f[:, 5] + row * f[:, 4] + col * f[:, 3]) >> 16
+    if not is_fixed.all():
+        scale_only = upload(~is_fixed, dev).view(b, 1, 1)
+        xin = torch.where(scale_only, upload(xs, dev).view(b, 1, w), xin)
+        yin = torch.where(scale_only, upload(ys, dev).view(b, h, 1), yin)
+    inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
+    return torch.where(inside.unsqueeze(1), _gather(x, yin, xin), constant(fill, dev, x.dtype))
+
+
+def affine_tables(matrices, w: int, h: int):
+    """The host part of ``warp`` for [B, 6] inverse matrices: Pillow's 16.16 fixed-point matrices
+    (int64 [B, 6]), which samples take that path (else the scale-only one), and the scale-only
+    path's column and row tables (int64 [B, W], [B, H]). Raises ValueError where Pillow's
+    fixed-point range is exceeded (PIL then replays the batch)."""
+    a = np.asarray(matrices, dtype=np.float64).reshape(-1, 6)
+    a0, a1, a2, a3, a4, a5 = (a[:, k:k + 1] for k in range(6))
+    is_fixed = ~((a[:, 1] == 0) & (a[:, 3] == 0))  # else ImagingScaleAffine
+    xs = _coord(np.add.accumulate(np.concatenate([a2 + a0 * 0.5, np.repeat(a0, w - 1, 1)], 1), axis=1))
+    ys = _coord(np.add.accumulate(np.concatenate([a5 + a4 * 0.5, np.repeat(a4, h - 1, 1)], 1), axis=1))
+    px, py = np.array([[0.0, w, 0.0, w]]), np.array([[0.0, h, h, 0.0]])  # the corners Pillow checks
+    in_range = (np.abs(px * a0 + py * a1 + a2) < 32768.0) & (np.abs(px * a3 + py * a4 + a5) < 32768.0)
+    if not in_range[is_fixed].all():
+        raise ValueError("affine matrix outside Pillow's fixed-point range")  # replayed by PIL
+    fixed = np.floor(np.concatenate([a0, a1, a2 + a0 * 0.5 + a1 * 0.5, a3, a4, a5 + a3 * 0.5 + a4 * 0.5], 1)
+                     * 65536.0 + 0.5)
+    fixed = np.where(is_fixed[:, None], fixed, 0).astype(np.int64)
+    return fixed, is_fixed, xs, ys
+
+
+def perspective(x: torch.Tensor, coeffs, fill: Sequence[float], bilinear: bool) -> torch.Tensor:
+    """Pillow's ImagingGenericTransform with perspective_transform (host float64 [B, 8]) and its
+    nearest (COORD) or bilinear_filter32RGB sampler, in float64 with the C's operation order:
+    every product and sum is its own torch op, so nothing is fused and each rounds as the C's
+    does. Samples whose coefficients are the identity (not drawn) are left alone."""
+    coeffs = np.asarray(coeffs, dtype=np.float64)
+    todo = np.flatnonzero(~np.all(coeffs == np.asarray(PERSPECTIVE_IDENTITY), axis=1))
+    if not len(todo):
+        return x
+    return update_rows(x, todo, lambda sub, _: _perspective_rows(sub.to(torch.float64), coeffs[todo], fill, bilinear))
+
+
+def _perspective_rows(src: torch.Tensor, coeffs: np.ndarray, fill: Sequence[float], bilinear: bool) -> torch.Tensor:
+    n, c, h, w = src.shape
+    dev = src.device
+    a = upload(coeffs, dev).view(n, 8, 1, 1).unbind(1)
+    col = (torch.arange(w, device=dev, dtype=torch.float64) + 0.5).view(1, 1, w)
+    row = (torch.arange(h, device=dev, dtype=torch.float64) + 0.5).view(1, h, 1)
+    den = a[6] * col + a[7] * row + 1
+    xin = (a[0] * col + a[1] * row + a[2]) / den
+    yin = (a[3] * col + a[4] * row + a[5]) / den
+    inside = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)  # also false for NaN
+    xin, yin = torch.where(inside, xin, 0.5), torch.where(inside, yin, 0.5)
+    if not bilinear:
+        out = _gather(src, yin.to(torch.int64), xin.to(torch.int64))  # COORD: truncation (>= 0 here)
+    else:
+        xs, ys = xin - 0.5, yin - 0.5
+        fx, fy = torch.floor(xs), torch.floor(ys)
+        dx, dy = (xs - fx).unsqueeze(1), (ys - fy).unsqueeze(1)
+        ix, iy = fx.to(torch.int64), fy.to(torch.int64)
+        top_l, top_r = _gather(src, iy, ix), _gather(src, iy, ix + 1)
+        v1 = top_l + (top_r - top_l) * dx
+        bot_l, bot_r = _gather(src, iy + 1, ix), _gather(src, iy + 1, ix + 1)
+        v2 = torch.where(((iy + 1) < h).unsqueeze(1), bot_l + (bot_r - bot_l) * dx, v1)
+        out = torch.trunc(v1 + (v2 - v1) * dy)
+    return torch.where(inside.unsqueeze(1), out, constant(fill, dev, torch.float64))
+
+
+@kernel(Warp)
+def _warp(x: torch.Tensor, op: Warp, batch: Batch) -> torch.Tensor:
+    matrices = batch.host[:, op.slot:op.slot + 6]
+    if op.bilinear:  # Pillow's generic transform: an affine one is a perspective one with g = h = 0
+        return perspective(x, np.concatenate([matrices, np.zeros((len(matrices), 2))], 1), op.fill, True)
+    return warp(x, matrices, op.fill)
+
+
+@kernel(Perspective)
+def _perspective(x: torch.Tensor, op: Perspective, batch: Batch) -> torch.Tensor:
+    return perspective(x, batch.host[:, op.slot:op.slot + 8], op.fill, op.bilinear)
+
+
+@kernel(Flip)
+def _flip(x: torch.Tensor, op: Flip, batch: Batch) -> torch.Tensor:
+    return torch.where(batch.flag(op.slot), x.flip(2 if op.vertical else 3), x)

@@ -1,0 +1,67 @@
+"""What every kernel of the torch stage shares: the registry of kernels by op type, the batch
+context they see, and the host-to-device transfers that never stop the host."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from dali_autoproxy.plan.ir import FastColorJitter, Resize
+from dali_autoproxy.plan.kernel_table import KernelTable
+
+
+@dataclass
+class Batch:
+    """The context of one batch: its params rows on the host (float64, for planning on the
+    host) and on the device, and whether the pixel values are still whole numbers 0..255
+    (uint8 semantics; ToFloat ends that). ``sizes``: set by the kernels that change sizes
+    (resample.py); samples smaller than the batch sit in its top-left corner, zero-padded."""
+    host: np.ndarray
+    params: torch.Tensor
+    integer: bool = True
+    sizes: Optional[np.ndarray] = None  # int64 [B, 2]: each sample's (height, width) when they differ
+
+    def flag(self, slot: int) -> torch.Tensor:
+        """params[:, slot] != 0 as a [B, 1, 1, 1] mask (a per-sample coin)."""
+        return (self.params[:, slot] != 0).view(-1, 1, 1, 1)
+
+
+Kernel = Callable[[torch.Tensor, object, Batch], torch.Tensor]
+# kernel(x, op, batch) -> x, on a [B, C, H, W] float batch
+TORCH_KERNELS = KernelTable("torch stage")
+TORCH_KERNELS.not_here("DALI runs tensor resizes (torch's own maths) before the stage takes over", Resize)
+TORCH_KERNELS.not_here("fidelity='fast' asks for DALI's own operator", FastColorJitter)
+kernel = TORCH_KERNELS.register
+
+
+def upload(values, device: torch.device, dtype=None) -> torch.Tensor:
+    """Host numbers onto ``device`` without stopping the host: through pinned memory, queued on
+    the current stream. (A pageable copy waits for all queued GPU work, and the stage makes a
+    few per batch: every one of them would serialise the stage's thread with the GPU.)"""
+    t = torch.as_tensor(np.asarray(values), dtype=dtype)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+_CONSTANTS: dict = {}
+
+
+def constant(values: Sequence[float], device: torch.device, dtype=torch.float32) -> torch.Tensor:
+    """A small per-channel constant (mean, std, fill) as [1, C, 1, 1], uploaded once per device."""
+    key = (tuple(values), str(device), dtype)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.tensor(list(values), dtype=dtype).view(1, -1, 1, 1).to(device)
+    return _CONSTANTS[key]
+
+
+def update_rows(x: torch.Tensor, rows, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``x`` with ``fn(samples, index)`` applied to the samples ``rows`` (host indices): gathered,
+    computed together, written back in place. The stage owns ``x``; a broadcast view (after a
+    Grayscale) is copied once first."""
+    x = x.contiguous()
+    idx = upload(rows, x.device)
+    x.index_copy_(0, idx, fn(x.index_select(0, idx), idx).to(x.dtype))
+    return x

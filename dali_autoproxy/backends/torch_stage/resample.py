@@ -1,0 +1,290 @@
+"""Pillow's resize as batched torch ops, exact to the last border pixel; and crops on the stage.
+
+What torchvision's ``resize`` and ``resized_crop`` do to a PIL image is Pillow's
+``Image.resize``: ImagingResample for BILINEAR, BICUBIC and BOX, its scale-only affine transform
+for NEAREST. ImagingResample is separable: for every output column (then row) Pillow computes
+the filter's weights in double precision over the input pixels under the filter's support,
+*clipped at the image's edge and renormalised* (which is where DALI's resize and every other
+GPU library differ: at the border), rounds them to 22-bit fixed point, sums in integers and
+rounds the sum to uint8 after each pass: horizontally first, then vertically on that uint8
+result (Pillow 13 swaps the two when the height shrinks far more than the width).
+
+Here the weights are Pillow's own (``batch_coefficients``: its ``precompute_coeffs`` and
+``normalize_coeffs_8bpc`` in the C's operation order, for the whole batch at once), laid
+out per sample as a dense [output, input] matrix, and each pass is one batched matrix product in
+float64: every product and partial sum is an integer below 2**53, so the products are exact
+whatever order the BLAS adds them in, and ``(s + 2**21) >> 22`` clipped to 0..255 is Pillow's
+``clip8``. Each sample has its own input box, output size and filter (timm draws bilinear or
+bicubic per image), so one batch is two products whatever it holds. NEAREST is the same product
+with one weight of 2**22 per output pixel, at Pillow's scale-affine source coordinates.
+
+Batches whose samples differ in size arrive padded to the largest (DALI's ``pad``); each kernel
+here reads the valid region of each sample from ``Batch.sizes`` and leaves the padding at 0.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+
+from dali_autoproxy.plan.ir import PILLOW_FILTERS, Crop, PillowResize
+from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, upload
+
+NEAREST, BILINEAR, BICUBIC, BOX = (PILLOW_FILTERS[k] for k in ("nearest", "bilinear", "bicubic", "box"))
+_SUPPORT = {BOX: 0.5, BILINEAR: 1.0, BICUBIC: 2.0}
+PRECISION_BITS = 22  # Resample.c: 32 - 8 bits of result - 2 bits of overflow
+
+
+def _filter(kind: int, x: torch.Tensor) -> torch.Tensor:
+    """Resample.c's box_filter, bilinear_filter and bicubic_filter (a = -0.5), same operation
+    order, float64, one torch op per C operation (so nothing is contracted into a multiply-add)."""
+    if kind == BOX:
+        return ((x > -0.5) & (x <= 0.5)).to(torch.float64)
+    x = x.abs()
+    if kind == BILINEAR:
+        return torch.where(x < 1.0, 1.0 - x, 0.0)
+    a = -0.5
+    near = (((x * (a + 2.0)) - (a + 3.0)) * x) * x + 1
+    far = ((((x - 5) * x) + 8) * x - 4) * a
+    return torch.where(x < 1.0, near, torch.where(x < 2.0, far, 0.0))
+
+
+def batch_coefficients(in_sizes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, out_max: int,
+                       device: torch.device = torch.device("cpu")) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Pillow's weights for resizing sample b's ``in_sizes[b]`` pixels (box 0..in_size) to
+    ``out_sizes[b]`` with filter ``kinds[b]``, for a whole batch at once, on ``device``: the first
+    input pixel of each output pixel (int64 [B, out_max]) and its fixed-point weights (int64
+    [B, out_max, K]), zero past each sample's output size and past the pixels Pillow uses.
+    precompute_coeffs and normalize_coeffs_8bpc in the C's operation order, in float64 (IEEE
+    arithmetic, each operation its own op, on the GPU as on the host); NEAREST's running sum of
+    the scale is sequential on the host (a device scan would add in another order)."""
+    in_sizes = np.asarray(in_sizes, dtype=np.int64)
+    out_sizes = np.asarray(out_sizes, dtype=np.int64)
+    kinds = np.asarray(kinds, dtype=np.int64)
+    n = len(in_sizes)
+    scale_host = in_sizes.astype(np.float32).astype(np.float64) / out_sizes  # the box is single precision
+    rows_host = np.arange(out_max)[None, :] < out_sizes[:, None]
+    nearest = kinds == NEAREST
+    first_host = np.zeros((n, out_max), dtype=np.int64)
+    near_w = np.zeros((n, out_max), dtype=np.int64)
+    if nearest.any():  # ImagingScaleAffine: COORD of a running sum of the scale
+        step = scale_host[nearest][:, None]
+        pos = np.add.accumulate(np.concatenate([0.0 + step * 0.5, np.repeat(step, out_max - 1, 1)], 1), axis=1)
+        start = np.where(pos < 0, -1, pos.astype(np.int64))
+        inside = (start >= 0) & (start < in_sizes[nearest][:, None]) & rows_host[nearest]
+        first_host[nearest] = np.where(inside, start, 0)
+        near_w[nearest] = np.where(inside, 1 << PRECISION_BITS, 0)
+    support_host = np.array([_SUPPORT.get(int(k), 0.0) for k in kinds]) * np.maximum(scale_host, 1.0)
+    taps = int(np.max(np.ceil(support_host).astype(np.int64) * 2 + 1)) if (~nearest).any() else 1
+    first = upload(first_host, device)
+    weights = torch.zeros((n, out_max, taps), dtype=torch.int64, device=device)
+    weights[:, :, 0] = upload(near_w, device)
+    filt = np.flatnonzero(~nearest)
+    if not len(filt):
+        return first, weights
+    idx = upload(filt, device)
+    sc = upload(scale_host[filt], device).view(-1, 1)
+    filterscale = torch.clamp(sc, min=1.0)
+    support = upload(np.array([_SUPPORT[int(k)] for k in kinds[filt]]), device).view(-1, 1) * filterscale
+    inv_filterscale = 1.0 / filterscale
+    xx = torch.arange(out_max, device=device, dtype=torch.float64).view(1, -1)
+    center = 0.0 + (xx + 0.5) * sc
+    xmin = torch.clamp((center - support + 0.5).to(torch.int64), min=0)  # (int) truncates toward zero
+    xmax = torch.minimum((center + support + 0.5).to(torch.int64), upload(in_sizes[filt], device).view(-1, 1)) - xmin
+    t = torch.arange(taps, device=device).view(1, 1, -1)
+    rows = upload(rows_host[filt], device)
+    used = (t < xmax.unsqueeze(2)) & rows.unsqueeze(2)
+    arg = (((t + xmin.unsqueeze(2)).to(torch.float64) - center.unsqueeze(2)) + 0.5) * inv_filterscale.unsqueeze(2)
+    w = torch.zeros_like(arg)
+    kinds_f = kinds[filt]
+    for kind in np.unique(kinds_f):
+        sel = upload(np.flatnonzero(kinds_f == kind), device)
+        w[sel] = _filter(int(kind), arg[sel])
+    w = torch.where(used, w, 0.0)
+    ww = torch.zeros_like(center)
+    for k in range(taps):  # the C's sequential sum
+        ww = torch.where(used[:, :, k], ww + w[:, :, k], ww)
+    nonzero = (ww != 0.0).unsqueeze(2)
+    k_norm = torch.where(nonzero, w / torch.where(nonzero, ww.unsqueeze(2), 1.0), w)
+    fixed = k_norm * float(1 << PRECISION_BITS)
+    kk = torch.where(k_norm < 0, -0.5 + fixed, 0.5 + fixed).to(torch.int64)  # (int): toward zero
+    weights[idx] = torch.where(used, kk, 0)
+    first[idx] = torch.where(rows, xmin, 0)
+    return first, weights
+
+
+def _weights(in_sizes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, in_max: int, out_max: int,
+             device: torch.device) -> torch.Tensor:
+    """float64 [B, out_max, in_max]: each sample's Pillow weights as a dense matrix (zero rows past
+    its own output size, zero columns past its own input size)."""
+    first, kk = batch_coefficients(in_sizes, out_sizes, kinds, out_max, device)
+    index = (first.unsqueeze(2) + torch.arange(kk.shape[2], device=device)).clamp_(0, in_max - 1)
+    w = torch.zeros((len(first), out_max, in_max), dtype=torch.float64, device=device)
+    return w.scatter_add_(2, index, kk.to(torch.float64))  # a zero weight may point anywhere
+
+
+def _tables(in_sizes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, out_max: int, device: torch.device):
+    """Each sample's Pillow weights in compact form, on ``device``: the first input pixel of each
+    output pixel (int32 [B, out_max]) and its weights (int32 [B, out_max, K])."""
+    first, kk = batch_coefficients(in_sizes, out_sizes, kinds, out_max, device)
+    return first.to(torch.int32).contiguous(), kk.to(torch.int32).contiguous()
+
+
+def _triton_pass(kernel, x: torch.Tensor, in_sizes, out_sizes, kinds, along: int) -> torch.Tensor:
+    """One pass of Pillow's resample along axis ``along`` (2: rows, 3: columns) of x [B, C, H, W]."""
+    b, c = x.shape[0], x.shape[1]
+    n_in, n_across = x.shape[along], x.shape[5 - along]
+    n_out = int(np.max(out_sizes))
+    first_t, weights_t = _tables(in_sizes, out_sizes, kinds, n_out, x.device)
+    shape = [b, c, 0, 0]
+    shape[along], shape[5 - along] = n_out, n_across
+    out = torch.empty(shape, dtype=torch.float32, device=x.device)
+    s, d = x.stride(), out.stride()
+    grid = (b * c, triton_cdiv(n_out, 32), triton_cdiv(n_across, 32))
+    kernel[grid](x, out, first_t, weights_t, n_out, n_across, n_in, weights_t.shape[2], c,
+                 s[0], s[1], s[along], s[5 - along], d[0], d[1], d[along], d[5 - along],
+                 BLOCK_O=32, BLOCK_A=32, num_warps=4)
+    return out
+
+
+def triton_cdiv(n: int, k: int) -> int:
+    return (int(n) + k - 1) // k
+
+
+def _two_passes_triton(kernel, x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
+                       columns_first: bool) -> torch.Tensor:
+    x = x.to(torch.float32)
+    if columns_first:
+        rows = _triton_pass(kernel, x, in_hw[:, 1], out_hw[:, 1], kinds, along=3)
+        return _triton_pass(kernel, rows, in_hw[:, 0], out_hw[:, 0], kinds, along=2)
+    cols = _triton_pass(kernel, x, in_hw[:, 0], out_hw[:, 0], kinds, along=2)
+    return _triton_pass(kernel, cols, in_hw[:, 1], out_hw[:, 1], kinds, along=3)
+
+
+def _triton_kernel(x: torch.Tensor):
+    """The Triton resample kernel where the fused kernels run (CUDA, Triton, not switched off)."""
+    from dali_autoproxy.backends.torch_stage import fused_color
+    if not fused_color.usable(x):
+        return None
+    from dali_autoproxy.backends.torch_stage import _triton_resample
+    return _triton_resample.resample_axis
+
+
+def _clip8(s: torch.Tensor) -> torch.Tensor:
+    """Resample.c's clip8 of a sum that started at 1 << 21: (s >> 22) clipped to 0..255."""
+    return s.add_(float(1 << (PRECISION_BITS - 1))).mul_(2.0 ** -PRECISION_BITS).floor_().clamp_(0, 255)
+
+
+def _pillow_orders_passes() -> bool:
+    """Pillow 13 runs the vertical pass first when the height shrinks by more than twice as many
+    pixels as the width (python-pillow/Pillow#9549); before, always the horizontal one. The
+    intermediate is rounded to uint8, so the order changes the result."""
+    try:
+        import PIL
+        return int(PIL.__version__.split(".")[0]) >= 13
+    except Exception:  # pragma: no cover - no Pillow: torchvision's PIL path is not in use either
+        return True
+
+
+ORDERS_PASSES = _pillow_orders_passes()
+
+
+def vertical_first(in_hw: np.ndarray, out_hw: np.ndarray) -> np.ndarray:
+    """Per sample, whether this Pillow resizes vertically first (ImagingResampleInner)."""
+    shrink_y = in_hw[:, 0] - out_hw[:, 0]
+    if not ORDERS_PASSES:
+        return np.zeros(len(in_hw), dtype=bool)
+    return (shrink_y > 0) & (shrink_y > (in_hw[:, 1] - out_hw[:, 1]) * 2)
+
+
+def _two_passes(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
+                columns_first: bool) -> torch.Tensor:
+    b, c, h, w = x.shape
+    out_h, out_w = int(out_hw[:, 0].max()), int(out_hw[:, 1].max())
+    horizontal = _weights(in_hw[:, 1], out_hw[:, 1], kinds, w, out_w, x.device)  # [B, out_w, W]
+    vertical = _weights(in_hw[:, 0], out_hw[:, 0], kinds, h, out_h, x.device)    # [B, out_h, H]
+    x = x.to(torch.float64)
+    if columns_first:  # the horizontal pass, then the vertical one on its uint8 result
+        rows = _clip8(torch.bmm(x.reshape(b, c * h, w), horizontal.transpose(1, 2))).view(b, c, h, out_w)
+        return _clip8(torch.matmul(vertical.unsqueeze(1), rows))
+    cols = _clip8(torch.matmul(vertical.unsqueeze(1), x))  # [B, C, out_h, W]
+    return _clip8(torch.bmm(cols.reshape(b, c * out_h, w), horizontal.transpose(1, 2))).view(b, c, out_h, out_w)
+
+
+def pillow_resize(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray) -> torch.Tensor:
+    """``Image.resize`` of each sample: x [B, C, H, W] of whole numbers 0..255, sample b valid in
+    its top-left in_hw[b] = (height, width), resized to out_hw[b] with Pillow's filter kinds[b];
+    out [B, C, max height, max width] (float32, zero past each sample's size)."""
+    in_hw, out_hw = np.asarray(in_hw, dtype=np.int64), np.asarray(out_hw, dtype=np.int64)
+    kinds = np.asarray(kinds, dtype=np.int64)
+    order = vertical_first(in_hw, out_hw)
+    kernel = _triton_kernel(x) if not _FORCE_TORCH_OPS else None
+    if kernel is not None:
+        try:
+            return _by_order(lambda *a: _two_passes_triton(kernel, *a), x, in_hw, out_hw, kinds, order)
+        except Exception as e:  # noqa: BLE001 - a build or launch failure must not stop training
+            from dali_autoproxy.backends.torch_stage import fused_color
+            fused_color.disable(f"the Triton resample kernel failed ({type(e).__name__}: {e})")
+    return _by_order(_two_passes, x, in_hw, out_hw, kinds, order)
+
+
+_FORCE_TORCH_OPS = False  # tests: the float64 products even where Triton runs
+
+
+def _by_order(two_passes, x, in_hw, out_hw, kinds, order) -> torch.Tensor:
+    """``two_passes`` on the samples Pillow resizes columns first, then on the others."""
+    if not order.any() or order.all():
+        return two_passes(x, in_hw, out_hw, kinds, not order[0]).to(torch.float32)
+    out = x.new_zeros((x.shape[0], x.shape[1], int(out_hw[:, 0].max()), int(out_hw[:, 1].max())))
+    for rows_first in (False, True):
+        idx = np.flatnonzero(order == rows_first)
+        part = two_passes(x.index_select(0, upload(idx, x.device)), in_hw[idx], out_hw[idx], kinds[idx],
+                          not rows_first)
+        out[upload(idx, x.device), :, :part.shape[2], :part.shape[3]] = part.to(out.dtype)
+    return out
+
+
+@kernel(PillowResize)
+def _pillow_resize(x: torch.Tensor, op: PillowResize, batch: Batch) -> torch.Tensor:
+    p = batch.host[:, op.slot:op.slot + 5].astype(np.int64)
+    out = pillow_resize(x, p[:, 0:2], p[:, 2:4], p[:, 4])
+    batch.sizes = p[:, 2:4]
+    return out
+
+
+def _valid_sizes(x: torch.Tensor, batch: Batch) -> np.ndarray:
+    if batch.sizes is not None:
+        return batch.sizes
+    return np.tile(np.asarray([x.shape[2], x.shape[3]], dtype=np.int64), (x.shape[0], 1))
+
+
+@kernel(Crop)
+def _crop(x: torch.Tensor, op: Crop, batch: Batch) -> torch.Tensor:
+    """Each sample's box [top, left, height, width] of its valid region; outside it ``op.fill``
+    (how Pad and padded crops are expressed), past the box's own size (samples of other sizes) 0."""
+    boxes = batch.host[:, op.slot:op.slot + 4].astype(np.int64)
+    sizes = _valid_sizes(x, batch)
+    n, c = x.shape[0], x.shape[1]
+    out_h, out_w = int(boxes[:, 2].max()), int(boxes[:, 3].max())
+    ys = boxes[:, 0:1] + np.arange(out_h)[None, :]  # [B, out_h]
+    xs = boxes[:, 1:2] + np.arange(out_w)[None, :]
+    in_box = (np.arange(out_h)[None, :, None] < boxes[:, 2, None, None]) & \
+             (np.arange(out_w)[None, None, :] < boxes[:, 3, None, None])
+    inside = ((ys >= 0) & (ys < sizes[:, 0:1]))[:, :, None] & ((xs >= 0) & (xs < sizes[:, 1:2]))[:, None, :]
+    dev = x.device
+    yi = upload(np.clip(ys, 0, x.shape[2] - 1), dev)
+    xi = upload(np.clip(xs, 0, x.shape[3] - 1), dev)
+    bi = torch.arange(n, device=dev).view(n, 1, 1)
+    picked = x.permute(0, 2, 3, 1)[bi, yi[:, :, None], xi[:, None, :]]  # [B, out_h, out_w, C]
+    values = [float(v) for v in op.fill]
+    fill = torch.tensor(values if len(values) == c else values[:1] * c, dtype=x.dtype).to(dev)
+    inside_t, in_box_t = upload(inside, dev).unsqueeze(-1), upload(in_box, dev).unsqueeze(-1)
+    out = torch.where(inside_t, picked, torch.where(in_box_t, fill, torch.zeros((), dtype=x.dtype, device=dev)))
+    batch.sizes = boxes[:, 2:4]
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+def uniform(sizes: Optional[np.ndarray]) -> bool:
+    """Whether every sample of the batch has the same (height, width)."""
+    return sizes is None or bool((sizes == sizes[0]).all())

@@ -1,0 +1,36 @@
+"""The tail of a chain on tensors: conversion to float, normalisation, erasing, layout."""
+from __future__ import annotations
+
+import torch
+
+from dali_autoproxy.plan.ir import Erase, Normalize, ToCHW, ToFloat
+from dali_autoproxy.backends.torch_stage.registry import Batch, constant, kernel
+
+
+def erase(x: torch.Tensor, op: Erase, params: torch.Tensor) -> torch.Tensor:
+    top, left, hh, ww = (params[:, op.slot + k].view(-1, 1, 1, 1) for k in range(4))
+    rows = torch.arange(x.shape[2], device=x.device, dtype=params.dtype).view(1, 1, -1, 1)
+    cols = torch.arange(x.shape[3], device=x.device, dtype=params.dtype).view(1, 1, 1, -1)
+    inside = (rows >= top) & (rows < top + hh) & (cols >= left) & (cols < left + ww)
+    return torch.where(inside, constant(op.value, x.device, x.dtype), x)
+
+
+@kernel(Erase)
+def _erase(x: torch.Tensor, op: Erase, batch: Batch) -> torch.Tensor:
+    return erase(x, op, batch.params)
+
+
+@kernel(ToFloat)
+def _to_float(x: torch.Tensor, op: ToFloat, batch: Batch) -> torch.Tensor:
+    batch.integer = False
+    return x / round(1 / op.scale) if op.divide else x * op.scale
+
+
+@kernel(Normalize)
+def _normalize(x: torch.Tensor, op: Normalize, batch: Batch) -> torch.Tensor:
+    return (x - constant(op.mean, x.device)) / constant(op.std, x.device)
+
+
+@kernel(ToCHW)
+def _to_chw(x: torch.Tensor, op: ToCHW, batch: Batch) -> torch.Tensor:
+    return x  # the stage works in [B, C, H, W] throughout

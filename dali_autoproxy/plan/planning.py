@@ -1,0 +1,258 @@
+"""Deciding what moves to DALI: the transform chains a dataset holds, and the plan for each.
+
+Planning is pure and deterministic, so the main process (to build pipelines and the report)
+and each worker (to draw per-sample params) derive the same plan, with the same ``key``, from
+the same chain; nothing unpicklable has to travel to spawned workers.
+
+The chains are found by walking the dataset's object graph: attributes, lists, tuples and
+dicts, closures and ``functools.partial`` arguments, and the module globals that the dataset
+class's methods name. The walk decides whether a loader is worth proxying and which pipelines
+to build up front; the workers intercept every recognised chain wherever it is called
+(``intercept.py``), and a chain the walk missed announces its plan with its first batch.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import types
+from dataclasses import dataclass, field
+from typing import Any, Iterator, List, Optional, Tuple
+
+from dali_autoproxy.plan.ir import ChainState, Op, Placement, SampleGeometry, Step, ToCHW, Unsupported, split_at_takeover
+from dali_autoproxy.plan.translate import flatten, is_chain, lookup, transform_name
+
+Path = Tuple[Any, ...]  # how a chain was reached from the loader's dataset (for messages)
+
+
+@dataclass
+class Plan:
+    steps: List[Step]
+    state: ChainState
+    n_params: int
+    names: List[str] = field(default_factory=list)
+    worker_prefix: int = 0  # leading (flattened) transforms the worker runs itself
+    worker_names: List[str] = field(default_factory=list)
+    split_reason: Optional[str] = None  # why those stay in the worker
+
+    @property
+    def ops(self) -> List[Op]:
+        return [op for s in self.steps for op in s.ops]
+
+    def signature(self) -> str:
+        """Everything a back end uses: ops, the transforms they came from, the worker split."""
+        return f"{self.worker_prefix}|{[(s.name, s.ops) for s in self.steps]!r}"
+
+    @functools.cached_property
+    def key(self) -> str:
+        """Names the plan between processes: equal keys, equal pipelines."""
+        return hashlib.sha1(self.signature().encode()).hexdigest()[:16]
+
+    def draw(self, height: int, width: int) -> List[float]:
+        return self.draw_sample(height, width)[0]
+
+    def draw_sample(self, height: int, width: int) -> Tuple[List[float], Tuple[int, int, int]]:
+        """One sample's params row, and the (C, H, W) of the tensor the plan makes of it."""
+        g = SampleGeometry(height, width)
+        for step in self.steps:
+            if step.draw is not None:
+                step.draw(g)
+        return g.params, (self.state.channels, int(g.height), int(g.width))
+
+    def __getstate__(self) -> dict:
+        """Pickled (a worker announcing a plan) without the drawers, which only workers run."""
+        state = dict(self.__dict__)
+        state["steps"] = [Step(s.name, list(s.ops), None, s.neutral) for s in self.steps]
+        return state
+
+
+def uses_pil_file_loader(ds: Any) -> bool:
+    """True for DatasetFolder/ImageFolder that read files with torchvision's PIL loader,
+    unmodified: then the worker may read the file's bytes itself (no PIL header parse)."""
+    try:
+        from torchvision import get_image_backend
+        from torchvision.datasets.folder import DatasetFolder, default_loader, pil_loader
+    except ImportError:  # pragma: no cover
+        return False
+    return (isinstance(ds, DatasetFolder)
+            and type(ds).__getitem__ is DatasetFolder.__getitem__
+            and getattr(ds, "loader", None) in (default_loader, pil_loader)
+            and get_image_backend() == "PIL")
+
+
+# ----------------------------------------------------------------------------- the walk
+_MAX_DEPTH = 8
+_MAX_NODES = 5000
+_MAX_ITEMS = 64  # longer lists and dicts are data (a dataset's samples), not configuration
+_LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), type, types.ModuleType, range, slice)
+
+
+def _is_leaf(obj: Any) -> bool:
+    if isinstance(obj, _LEAVES):
+        return True
+    module = type(obj).__module__ or ""
+    return module.startswith(("numpy", "PIL.", "torch._C")) or type(obj).__name__ in ("Tensor", "Parameter")
+
+
+def _children(obj: Any) -> Iterator[Tuple[Any, Any]]:
+    """(path step, child) pairs of one object."""
+    if isinstance(obj, (list, tuple)):
+        if len(obj) <= _MAX_ITEMS:
+            yield from enumerate(obj)
+        return
+    if isinstance(obj, dict):
+        if len(obj) <= _MAX_ITEMS:
+            for k, v in obj.items():
+                yield (k if isinstance(k, (str, int)) else repr(k)), v
+        return
+    if isinstance(obj, functools.partial):
+        yield "func", obj.func
+        yield from (("args", a) for a in obj.args)
+        yield from (("keywords", v) for v in obj.keywords.values())
+        return
+    if isinstance(obj, types.MethodType):
+        yield "__func__", obj.__func__
+        yield "__self__", obj.__self__
+        return
+    if isinstance(obj, types.FunctionType):
+        for i, cell in enumerate(obj.__closure__ or ()):
+            try:
+                yield f"<closure {i}>", cell.cell_contents
+            except ValueError:  # an empty cell
+                pass
+        for name in _global_names(obj.__code__):
+            if name in obj.__globals__:
+                yield f"<global {name}>", obj.__globals__[name]
+        return
+    attrs = getattr(obj, "__dict__", None)
+    if isinstance(attrs, dict) and len(attrs) <= 4 * _MAX_ITEMS:
+        yield from attrs.items()
+
+
+def _global_names(code: types.CodeType) -> List[str]:
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _global_names(const)
+    return names
+
+
+def _class_functions(cls: type) -> Iterator[Tuple[str, Any]]:
+    """The dataset class's own methods (not torch's): their globals may hold the chain."""
+    for klass in cls.__mro__:
+        if klass.__module__.startswith(("torch.", "builtins")):
+            continue
+        for name, member in vars(klass).items():
+            fn = getattr(member, "__func__", member)
+            if isinstance(fn, types.FunctionType):
+                yield f"<{klass.__name__}.{name}>", fn
+
+
+@dataclass
+class Found:
+    chains: List[Tuple[Path, Any]] = field(default_factory=list)
+    folders: List[Any] = field(default_factory=list)  # DatasetFolders read with the PIL loader
+
+
+def walk(dataset: Any) -> Found:
+    """The transform chains (and plain ImageFolders) reachable from a dataset."""
+    found = Found()
+    seen = set()
+    stack: List[Tuple[Path, Any, int]] = [((), dataset, 0)]
+    count = 0
+    while stack and count < _MAX_NODES:
+        path, obj, depth = stack.pop()
+        if id(obj) in seen or _is_leaf(obj):
+            continue
+        seen.add(id(obj))
+        count += 1
+        if is_chain(obj):
+            found.chains.append((path, obj))
+            continue  # a chain's own parts are planned with it
+        if uses_pil_file_loader(obj):
+            found.folders.append(obj)
+        if depth >= _MAX_DEPTH:
+            continue
+        kids = list(_children(obj))
+        if path == () or _looks_like_dataset(obj):
+            kids += list(_class_functions(type(obj)))
+        for step, child in reversed(kids):
+            stack.append((path + (step,), child, depth + 1))
+    found.chains.reverse()
+    found.chains.sort(key=lambda pc: len(pc[0]))
+    return found
+
+
+def _looks_like_dataset(obj: Any) -> bool:
+    return hasattr(type(obj), "__getitem__") and not isinstance(obj, (list, tuple, dict))
+
+
+def _translate(transforms: List[Any], exact_resize: bool = True) -> Plan:
+    state = ChainState(fidelity=SETTINGS["fidelity"], exact_resize=exact_resize and SETTINGS["resize"] == "pillow")
+    counter = [0]
+
+    def alloc(n: int) -> int:
+        start = counter[0]
+        counter[0] += n
+        return start
+
+    steps = [lookup(t)(t, state, alloc) for t in transforms]
+    if not steps:
+        raise Unsupported("the transform chain is empty")
+    dali_part, _ = split_at_takeover([op for s in steps for op in s.ops])
+    stuck = [op for op in dali_part if op.placement is Placement.TORCH]
+    if stuck:
+        name = next(s.name for s in steps if stuck[0] in s.ops)
+        raise Unsupported(f"{name} before a resize or crop runs in the worker (its exact kernel is in the "
+                          "torch stage, which follows DALI's resizes)")
+    if state.kind != "tensor":
+        raise Unsupported("the chain ends in a PIL image, which default_collate cannot batch")
+    if not any(type(op) is ToCHW for s in steps for op in s.ops):  # pragma: no cover
+        raise Unsupported("the chain never converts to a tensor")
+    return Plan(steps, state, counter[0], [transform_name(t) for t in transforms])
+
+
+def _ends_as_pil(prefix: List[Any]) -> bool:
+    """Whether the worker's part, as far as it is known, still holds a PIL image at its end
+    (untranslatable steps are assumed to keep the type; the worker checks each sample)."""
+    state = ChainState()
+    for t in prefix:
+        try:
+            lookup(t)(t, state, lambda n: 0)
+        except Unsupported:
+            pass
+    return state.kind == "pil"
+
+
+DEFAULT_SETTINGS = {"fidelity": "exact", "resize": "dali"}
+# enable(fidelity=..., resize=...): set in the main process; the workers get them from the loader's
+# worker_init_fn (intercept.WorkerInstaller), so spawned workers plan as the main process does
+SETTINGS = dict(DEFAULT_SETTINGS)
+
+
+def build_plan(transform: Any) -> Plan:
+    """Translate a transform chain; where a step cannot be translated, offload the longest
+    tail that can (partial offload: the worker runs the rest, and decodes); raise
+    Unsupported with the first reason when no tail worth moving remains."""
+    flat = flatten(transform)
+    try:
+        return _translate(flat)
+    except Unsupported as exc:
+        first_reason = str(exc)  # text: a kept exception's traceback would keep the caller's frames alive
+    try:  # the exact resize runs in the torch stage; a DALI-only step after it wants DALI's resize
+        return _translate(flat, exact_resize=False)
+    except Unsupported:
+        pass
+    for split in range(1, len(flat)):
+        if not _ends_as_pil(flat[:split]):
+            continue  # the worker's part would hand over a tensor, not an image's pixels
+        try:
+            plan = _translate(flat[split:])  # the worker hands over its PIL image's pixels
+        except Unsupported:
+            continue
+        if all(type(op) is ToCHW for op in plan.ops):
+            break  # only the layout change is left: nothing worth moving
+        plan.worker_prefix = split
+        plan.worker_names = [transform_name(t) for t in flat[:split]]
+        plan.split_reason = first_reason
+        return plan
+    raise Unsupported(first_reason)

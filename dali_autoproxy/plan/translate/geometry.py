@@ -1,0 +1,293 @@
+"""Geometry converters: crops, resizes and flips.
+
+Random parameters are drawn in the worker by torchvision's *own* parameter code, called on
+a zero-cost stand-in tensor of the sample's size (see ``SampleGeometry.standin``): the same
+torch RNG calls in the same order, so a fixed ``torch.manual_seed`` gives the very crop
+boxes and flips plain torchvision would give.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Tuple
+
+import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
+from torchvision.transforms import InterpolationMode
+
+from dali_autoproxy.plan.ir import PILLOW_FILTERS, ChainState, Crop, Flip, PillowResize, Resize, SampleGeometry, Step, Unsupported
+from dali_autoproxy.plan.translate import coin_drawer, register, transform_name, v2_params
+
+
+def as_mode(interpolation) -> InterpolationMode:
+    if isinstance(interpolation, InterpolationMode):
+        return interpolation
+    if isinstance(interpolation, str):
+        return InterpolationMode(interpolation)
+    if isinstance(interpolation, int):  # PIL constants, accepted by torchvision
+        from torchvision.transforms.functional import _interpolation_modes_from_int
+        return _interpolation_modes_from_int(interpolation)
+    raise Unsupported(f"interpolation {interpolation!r} is not understood")
+
+
+def resample_mode(interpolation, antialias: Optional[bool], state: ChainState) -> Tuple[str, bool]:
+    """DALI's filter for torchvision's mode, or Unsupported where the two would differ."""
+    mode = as_mode(interpolation)
+    if state.kind == "pil":  # PIL always antialiases bilinear and bicubic
+        table = {InterpolationMode.BILINEAR: ("linear", True), InterpolationMode.BICUBIC: ("cubic", True),
+                 InterpolationMode.NEAREST: ("nn", False), InterpolationMode.NEAREST_EXACT: ("nn", False)}
+        if mode in table:
+            return table[mode]
+    else:
+        if mode == InterpolationMode.BILINEAR:
+            return "linear", bool(antialias)
+        if mode == InterpolationMode.NEAREST_EXACT:
+            return "nn", False
+        if mode == InterpolationMode.NEAREST:
+            raise Unsupported("interpolation NEAREST on tensors uses torch's legacy floor rounding, "
+                              "which DALI does not reproduce (NEAREST_EXACT is supported)")
+        if mode == InterpolationMode.BICUBIC:
+            raise Unsupported("interpolation BICUBIC on tensors uses torch's a=-0.75 kernel, "
+                              "which DALI does not reproduce (bicubic on PIL images is supported)")
+    raise Unsupported(f"interpolation {mode.value} is not translated yet")
+
+
+_PILLOW_KIND = {InterpolationMode.NEAREST: PILLOW_FILTERS["nearest"],
+                InterpolationMode.NEAREST_EXACT: PILLOW_FILTERS["nearest"],  # torchvision's mapping for PIL
+                InterpolationMode.BILINEAR: PILLOW_FILTERS["bilinear"],
+                InterpolationMode.BICUBIC: PILLOW_FILTERS["bicubic"], InterpolationMode.BOX: PILLOW_FILTERS["box"]}
+
+
+_DALI_RESIZES_PIL = (InterpolationMode.BILINEAR, InterpolationMode.BICUBIC, InterpolationMode.NEAREST,
+                     InterpolationMode.NEAREST_EXACT)
+
+
+def pillow_kind(interpolation, state: ChainState, dali_can: bool = True) -> Optional[int]:
+    """Pillow's filter for an exact resize of a PIL image (ir.PillowResize), or None where DALI's
+    resize is used: tensors (torch's maths), and PIL images with ``resize="dali"`` (the default)
+    where DALI has the filter. BOX, and a filter drawn per image (``dali_can=False``), take the
+    exact resize either way."""
+    if state.kind != "pil":
+        return None
+    mode = as_mode(interpolation)
+    if not state.exact_resize and dali_can and mode in _DALI_RESIZES_PIL:
+        return None
+    return _PILLOW_KIND.get(mode)
+
+
+def exact_resize_step(name: str, kinds, state: ChainState, alloc, out_size: Optional[Tuple[int, int]],
+                      size=None, max_size: Optional[int] = None, crop: Optional[Callable] = None,
+                      crop_slot: Optional[int] = None) -> Step:
+    """A Pillow-exact resize (after an optional random crop ``crop(g) -> (top, left, h, w)``):
+    params [h, w, out_h, out_w, filter]; ``kinds()`` gives each sample's Pillow filter (one fixed
+    filter, or timm's per-image draw)."""
+    slot = alloc(5)
+
+    def draw(g: SampleGeometry) -> None:
+        if crop is not None:
+            box = [int(v) for v in crop(g)]
+            g.params += box
+            g.height, g.width = box[2], box[3]
+        out_h, out_w = out_size if out_size is not None else resized_output_size(g.height, g.width, size, max_size)
+        g.params += [g.height, g.width, out_h, out_w, kinds()]
+        g.height, g.width = out_h, out_w
+    ops = ([Crop(crop_slot, in_bounds=True)] if crop is not None else []) + [PillowResize(slot, out_size)]
+    return Step(name, ops, draw)
+
+
+def _size_pair(size) -> Tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    size = list(size)
+    return (int(size[0]), int(size[0])) if len(size) == 1 else (int(size[0]), int(size[1]))
+
+
+def resized_output_size(height: int, width: int, size, max_size: Optional[int]) -> Tuple[int, int]:
+    """torchvision's _compute_resized_output_size (v1 and v2), for one sample."""
+    if size is None:
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = int(max_size * short / long), max_size
+    elif isinstance(size, int) or len(size) == 1:
+        requested = size if isinstance(size, int) else size[0]
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = requested, int(requested * long / short)
+        if max_size is not None and new_long > max_size:
+            new_short, new_long = int(max_size * new_short / new_long), max_size
+    else:
+        return int(size[0]), int(size[1])
+    return (new_long, new_short) if width <= height else (new_short, new_long)
+
+
+
+@register(T.RandomResizedCrop, v2.RandomResizedCrop)
+def random_resized_crop(t, state: ChainState, alloc) -> Step:
+    out_h, out_w = _size_pair(t.size)
+    kind = pillow_kind(t.interpolation, state)
+    if kind is None:
+        interp, antialias = resample_mode(t.interpolation, getattr(t, "antialias", True), state)
+    slot = alloc(4)
+    if isinstance(t, v2.Transform):
+        params = v2_params(t)
+
+        def box(g: SampleGeometry):
+            p = params([g.standin()])
+            return p["top"], p["left"], p["height"], p["width"]
+    else:
+        scale, ratio = t.scale, t.ratio
+
+        def box(g: SampleGeometry):
+            return T.RandomResizedCrop.get_params(g.standin(), scale, ratio)
+    state.fixed_size = (out_h, out_w)
+    if kind is not None:
+        return exact_resize_step(transform_name(t), lambda: kind, state, alloc, (out_h, out_w), crop=box,
+                                 crop_slot=slot)
+
+    def draw(g: SampleGeometry) -> None:
+        g.params += list(box(g))
+        g.height, g.width = out_h, out_w
+    return Step(transform_name(t), [Crop(slot, in_bounds=True),
+                                    Resize(interp, antialias, size=(out_h, out_w))], draw)
+
+
+@register(T.Resize, v2.Resize)
+def resize(t, state: ChainState, alloc) -> Step:
+    size: Optional[Sequence[int]] = t.size
+    max_size = getattr(t, "max_size", None)
+    fixed = (int(size[0]), int(size[1])) if size is not None and not isinstance(size, int) and len(size) == 2 else None
+    kind = pillow_kind(t.interpolation, state)
+    if kind is not None:
+        state.fixed_size = fixed
+        return exact_resize_step(transform_name(t), lambda: kind, state, alloc, fixed, size, max_size)
+    interp, antialias = resample_mode(t.interpolation, getattr(t, "antialias", True), state)
+    if fixed is not None:
+        state.fixed_size = fixed
+
+        def draw(g: SampleGeometry) -> None:
+            g.height, g.width = fixed
+        return Step(transform_name(t), [Resize(interp, antialias, size=fixed)], draw)
+    slot = alloc(2)
+    state.fixed_size = None
+
+    def draw_var(g: SampleGeometry) -> None:
+        g.height, g.width = resized_output_size(g.height, g.width, size, max_size)
+        g.params += [g.height, g.width]
+    return Step(transform_name(t), [Resize(interp, antialias, slot=slot)], draw_var)
+
+
+def center_crop_box(height: int, width: int, crop_h: int, crop_w: int) -> Tuple[int, int]:
+    """(top, left) of torchvision's center_crop, negative where it pads with zeros first."""
+    pad_top = (crop_h - height) // 2 if crop_h > height else 0
+    pad_left = (crop_w - width) // 2 if crop_w > width else 0
+    padded_h, padded_w = max(height, crop_h), max(width, crop_w)
+    top = int(round((padded_h - crop_h) / 2.0)) - pad_top
+    left = int(round((padded_w - crop_w) / 2.0)) - pad_left
+    return top, left
+
+
+@register(T.CenterCrop, v2.CenterCrop)
+def center_crop(t, state: ChainState, alloc) -> Step:
+    crop_h, crop_w = _size_pair(t.size)
+    slot = alloc(4)
+    state.fixed_size = (crop_h, crop_w)
+
+    def draw(g: SampleGeometry) -> None:
+        top, left = center_crop_box(g.height, g.width, crop_h, crop_w)
+        g.params += [top, left, crop_h, crop_w]
+        g.height, g.width = crop_h, crop_w
+    return Step(transform_name(t), [Crop(slot, in_bounds=False)], draw)
+
+
+@register(T.RandomHorizontalFlip, v2.RandomHorizontalFlip)
+def random_horizontal_flip(t, state: ChainState, alloc) -> Step:
+    slot = alloc(1)
+    return Step(transform_name(t), [Flip(slot)], coin_drawer(float(t.p)), neutral=[0])
+
+
+def _padding_ltrb(padding) -> Tuple[int, int, int, int]:
+    """torchvision's padding forms: int, [all], [left/right, top/bottom], [l, t, r, b]."""
+    if isinstance(padding, int):
+        p = [padding] * 4
+    else:
+        padding = list(padding)
+        if len(padding) == 1:
+            p = padding * 4
+        elif len(padding) == 2:
+            p = [padding[0], padding[1], padding[0], padding[1]]
+        elif len(padding) == 4:
+            p = padding
+        else:
+            raise Unsupported(f"padding {padding!r} is not understood")
+    if any(int(v) != v or v < 0 for v in p):
+        raise Unsupported("negative or fractional padding is not translated")
+    return int(p[0]), int(p[1]), int(p[2]), int(p[3])
+
+
+def _constant_fill(t, state: ChainState) -> Tuple[float, ...]:
+    if getattr(t, "padding_mode", "constant") != "constant":
+        raise Unsupported(f"padding_mode={t.padding_mode!r} is not translated (constant is)")
+    fill = t.fill
+    if isinstance(fill, dict):
+        raise Unsupported("a per-type fill dict is not translated")
+    if fill is None:
+        fill = 0
+    values = [float(fill)] if isinstance(fill, (int, float)) else [float(f) for f in fill]
+    if state.dtype == "uint8" and any(v != int(v) or not 0 <= v <= 255 for v in values):
+        raise Unsupported("a fill outside 0..255 on uint8 pixels is not translated")
+    if len(values) not in (1, state.channels):
+        raise Unsupported(f"a fill of {len(values)} values for {state.channels} channels")
+    return tuple(values) if len(values) > 1 else (values[0],) * state.channels
+
+
+@register(T.Pad, v2.Pad)
+def pad(t, state: ChainState, alloc) -> Step:
+    left, top, right, bottom = _padding_ltrb(t.padding)
+    fill = _constant_fill(t, state)
+    slot = alloc(4)
+    state.fixed_size = None
+
+    def draw(g: SampleGeometry) -> None:
+        g.params += [-top, -left, g.height + top + bottom, g.width + left + right]
+        g.height, g.width = g.height + top + bottom, g.width + left + right
+    return Step(transform_name(t), [Crop(slot, in_bounds=False, fill=fill)], draw)
+
+
+@register(T.RandomCrop, v2.RandomCrop)
+def random_crop(t, state: ChainState, alloc) -> Step:
+    """Optional padding, then a random crop: one crop box relative to the unpadded image
+    (negative or past the edge where the padding is), filled with the constant."""
+    fill = _constant_fill(t, state)
+    crop_h, crop_w = _size_pair(t.size)
+    slot = alloc(4)
+    state.fixed_size = (crop_h, crop_w)
+    if isinstance(t, v2.Transform):
+        params = v2_params(t)
+
+        def draw(g: SampleGeometry) -> None:
+            p = params([g.standin()])
+            pad_l, pad_t = (p["padding"][0], p["padding"][1]) if p.get("needs_pad") else (0, 0)
+            if p.get("needs_crop", True):
+                top, left = p["top"] - pad_t, p["left"] - pad_l
+            else:
+                top, left = -pad_t, -pad_l
+            g.params += [top, left, crop_h, crop_w]
+            g.height, g.width = crop_h, crop_w
+        return Step(transform_name(t), [Crop(slot, in_bounds=False, fill=fill)], draw)
+
+    pad_l, pad_t, pad_r, pad_b = _padding_ltrb(t.padding) if t.padding is not None else (0, 0, 0, 0)
+
+    def draw_v1(g: SampleGeometry) -> None:
+        off_t, off_l = pad_t, pad_l
+        h, w = g.height + pad_t + pad_b, g.width + pad_l + pad_r
+        if t.pad_if_needed and w < crop_w:  # torchvision pads both sides by the difference
+            off_l, w = off_l + (crop_w - w), w + 2 * (crop_w - w)
+        if t.pad_if_needed and h < crop_h:
+            off_t, h = off_t + (crop_h - h), h + 2 * (crop_h - h)
+        g.height, g.width = h, w
+        i, j, _, _ = T.RandomCrop.get_params(g.standin(), (crop_h, crop_w))
+        g.params += [i - off_t, j - off_l, crop_h, crop_w]
+        g.height, g.width = crop_h, crop_w
+    return Step(transform_name(t), [Crop(slot, in_bounds=False, fill=fill)], draw_v1)
+
+
+@register(T.RandomVerticalFlip, v2.RandomVerticalFlip)
+def random_vertical_flip(t, state: ChainState, alloc) -> Step:
+    slot = alloc(1)
+    return Step(transform_name(t), [Flip(slot, vertical=True)], coin_drawer(float(t.p)), neutral=[0])

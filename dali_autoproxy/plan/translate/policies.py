@@ -1,0 +1,213 @@
+"""Augmentation policies: TrivialAugmentWide, RandAugment, AutoAugment (v1, v2), on PIL images
+and on uint8 tensor images.
+
+The worker makes torchvision's own draws, in its order (which operation, which magnitude bin,
+which sign), reading the magnitudes from the transform's own augmentation space; each chosen
+operation travels as (index, magnitude) and runs in the torch stage. On PIL images with
+Pillow's arithmetic, one group of samples per operation (v2's Solarize magnitude, a fraction of
+255, is stored in v1's levels so one kernel serves both); on tensors with torchvision's own
+tensor arithmetic of the transform's API (torch_stage/tensor_policies.py).
+"""
+from __future__ import annotations
+
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
+from torchvision.transforms import InterpolationMode
+
+from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment, ChainState, Step, TensorAugment, Unsupported
+from dali_autoproxy.plan.tv_internals import tensor_policy_operation, v2_grid_functions
+from dali_autoproxy.plan.translate import register, transform_name
+from dali_autoproxy.plan.translate.affine import pil_fill, pil_resample
+from dali_autoproxy.plan.translate.geometry import as_mode
+
+
+def _policy_fill(t, state: ChainState):
+    """(fill, bilinear) of a policy on a PIL image: its geometric operations go through Pillow's
+    affine transform, nearest (16.16 fixed point) or bilinear (its generic transform), both
+    reproduced exactly in the torch stage."""
+    mode = pil_resample(t, state, (InterpolationMode.NEAREST, InterpolationMode.BILINEAR))
+    fill = t.fill
+    if isinstance(fill, dict):  # v2 keeps a per-type dict; PIL images get the PIL entry
+        import PIL.Image
+        fill = fill.get(PIL.Image.Image, fill.get("others")) if fill else None
+    return pil_fill(fill, state.channels), mode == InterpolationMode.BILINEAR
+
+
+def _tensor_fill(t, state: ChainState):
+    """The fill torchvision hands its tensor kernels: v1's forward makes a list of floats, v2
+    looks its per-type dict up for an image (``_get_fill``)."""
+    if isinstance(t, v2.Transform):
+        from torchvision import tv_tensors
+        fill = t._fill.get(tv_tensors.Image, t._fill.get("others"))
+        return tuple(fill) if isinstance(fill, list) else fill
+    fill = t.fill
+    if isinstance(fill, (int, float)):
+        return (float(fill),) * state.channels
+    return None if fill is None else tuple(float(f) for f in fill)
+
+
+def _policy_ops(t, state: ChainState, slots):
+    """The ops of a policy with one operation per slot: on a PIL image Pillow's arithmetic
+    (Augment); on a uint8 tensor torchvision's own tensor arithmetic (TensorAugment)."""
+    if state.kind == "pil":
+        fill, bilinear = _policy_fill(t, state)
+        return [Augment(s, fill, bilinear) for s in slots]
+    if state.dtype != "uint8":
+        raise Unsupported(f"{transform_name(t)} on a float tensor is left to torchvision (its tensor "
+                          "policies expect uint8)")
+    mode = as_mode(t.interpolation)
+    if mode not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
+        raise Unsupported(f"{transform_name(t)} with {mode.value} interpolation on tensors; "
+                          "torchvision would raise")
+    api = "v2" if isinstance(t, v2.Transform) else "v1"
+    try:
+        tensor_policy_operation(api)
+        v2_grid_functions()
+    except (ImportError, AttributeError) as exc:  # torchvision moved its private kernels
+        raise Unsupported(f"{transform_name(t)} on tensors needs torchvision's policy kernels, "
+                          f"not found in this torchvision ({exc})") from None
+    fill = _tensor_fill(t, state)
+    return [TensorAugment(s, fill, mode.value, api) for s in slots]
+
+
+def _solarize_scale(ops) -> float:
+    """v2 draws Solarize as a fraction of the range; Pillow's kernel (Augment) takes v1's levels."""
+    return 255.0 if isinstance(ops[0], Augment) else 1.0
+
+
+def _v1_draw(space, signed_rng=True):
+    """v1's draw from an ``_augmentation_space`` dict: op, magnitude bin (or fixed), sign."""
+    names = list(space.keys())
+    name = names[int(torch.randint(len(names), (1,)).item())]
+    magnitudes, signed = space[name]
+    return name, magnitudes, signed
+
+
+def _record(g, name: str, magnitude: float) -> None:
+    g.params += [AUGMENT_OPS.index(name), float(magnitude)]
+
+
+@register(T.TrivialAugmentWide)
+def trivial_augment_v1(t, state: ChainState, alloc) -> Step:
+    slot = alloc(2)
+    ops = _policy_ops(t, state, [slot])
+    bins = t.num_magnitude_bins
+
+    def draw(g) -> None:
+        name, magnitudes, signed = _v1_draw(t._augmentation_space(bins))
+        magnitude = (float(magnitudes[torch.randint(len(magnitudes), (1,), dtype=torch.long)].item())
+                     if magnitudes.ndim > 0 else 0.0)
+        if signed and torch.randint(2, (1,)):
+            magnitude *= -1.0
+        _record(g, name, magnitude)
+    return Step(transform_name(t), ops, draw)
+
+
+@register(T.RandAugment)
+def rand_augment_v1(t, state: ChainState, alloc) -> Step:
+    slots = [alloc(2) for _ in range(t.num_ops)]
+    ops = _policy_ops(t, state, slots)
+    bins, level = t.num_magnitude_bins, t.magnitude
+
+    def draw(g) -> None:
+        space = t._augmentation_space(bins, (g.height, g.width))
+        for _ in slots:
+            name, magnitudes, signed = _v1_draw(space)
+            magnitude = float(magnitudes[level].item()) if magnitudes.ndim > 0 else 0.0
+            if signed and torch.randint(2, (1,)):
+                magnitude *= -1.0
+            _record(g, name, magnitude)
+    return Step(transform_name(t), ops, draw)
+
+
+def _v2_magnitude(t, name, magnitudes_fn, signed, g, pick, solarize, bins=None) -> float:
+    magnitudes = magnitudes_fn(bins or t.num_magnitude_bins, g.height, g.width)
+    if magnitudes is None:
+        return 0.0
+    magnitude = float(magnitudes[pick()])
+    if signed and torch.rand(()) <= 0.5:
+        magnitude *= -1
+    return magnitude * solarize if name == "Solarize" else magnitude
+
+
+def _v2_item(space):
+    keys = tuple(space.keys())
+    key = keys[int(torch.randint(len(keys), ()))]
+    return key, space[key]
+
+
+@register(v2.TrivialAugmentWide)
+def trivial_augment_v2(t, state: ChainState, alloc) -> Step:
+    slot = alloc(2)
+    ops = _policy_ops(t, state, [slot])
+    solarize = _solarize_scale(ops)
+
+    def draw(g) -> None:
+        name, (fn, signed) = _v2_item(t._AUGMENTATION_SPACE)
+        _record(g, name, _v2_magnitude(t, name, fn, signed, g,
+                                       lambda: int(torch.randint(t.num_magnitude_bins, ())), solarize))
+    return Step(transform_name(t), ops, draw)
+
+
+@register(v2.RandAugment)
+def rand_augment_v2(t, state: ChainState, alloc) -> Step:
+    slots = [alloc(2) for _ in range(t.num_ops)]
+    ops = _policy_ops(t, state, slots)
+    solarize = _solarize_scale(ops)
+
+    def draw(g) -> None:
+        for _ in slots:
+            name, (fn, signed) = _v2_item(t._AUGMENTATION_SPACE)
+            _record(g, name, _v2_magnitude(t, name, fn, signed, g, lambda: t.magnitude, solarize))
+    return Step(transform_name(t), ops, draw)
+
+
+@register(T.AutoAugment)
+def auto_augment_v1(t, state: ChainState, alloc) -> Step:
+    """A sub-policy per sample, each of its two operations applied with its probability
+    (Identity where not): torchvision's get_params, then its loop."""
+    slots = [alloc(2) for _ in range(2)]
+    ops = _policy_ops(t, state, slots)
+
+    def draw(g) -> None:
+        policy_id, probs, signs = t.get_params(len(t.policies))
+        space = t._augmentation_space(10, (g.height, g.width))
+        for i, (name, p, magnitude_id) in enumerate(t.policies[policy_id]):
+            if probs[i] <= p:
+                magnitudes, signed = space[name]
+                magnitude = float(magnitudes[magnitude_id].item()) if magnitude_id is not None else 0.0
+                if signed and signs[i] == 0:
+                    magnitude *= -1.0
+                _record(g, name, magnitude)
+            else:
+                _record(g, "Identity", 0.0)
+    return Step(transform_name(t), ops, draw)
+
+
+@register(v2.AutoAugment)
+def auto_augment_v2(t, state: ChainState, alloc) -> Step:
+    policies = t._policies
+    if any(len(p) != 2 for p in policies):
+        raise Unsupported(f"{transform_name(t)} with sub-policies of other than two operations")
+    slots = [alloc(2) for _ in range(2)]
+    ops = _policy_ops(t, state, slots)
+    solarize = _solarize_scale(ops)
+
+    def draw(g) -> None:
+        policy = policies[int(torch.randint(len(policies), ()))]
+        for name, probability, magnitude_idx in policy:
+            if not torch.rand(()) <= probability:
+                _record(g, "Identity", 0.0)
+                continue
+            fn, signed = t._AUGMENTATION_SPACE[name]
+            _record(g, name, _v2_magnitude(t, name, fn, signed, g, lambda: magnitude_idx, solarize, bins=10))
+    return Step(transform_name(t), ops, draw)
+
+
+@register(T.AugMix, v2.AugMix)
+def aug_mix(t, state: ChainState, alloc) -> Step:
+    raise Unsupported(f"{transform_name(t)} mixes chains of torchvision's *tensor* kernels (bilinear "
+                      "warps, float mixing) drawn per sample; replayed per sample in the main process "
+                      "they would be slower than in the workers, so it runs there (TrivialAugmentWide, "
+                      "RandAugment and AutoAugment are translated)")

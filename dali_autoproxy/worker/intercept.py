@@ -1,0 +1,209 @@
+"""Interception at the call, in a proxied loader's workers.
+
+A recognised transform chain (a torchvision Compose, v1 or v2, or any transform class with a
+converter, timm's and users' registered equivalents included) called with one image returns a
+:class:`~dali_autoproxy.transport.ProxySample` instead of running, wherever the call happens:
+``self.transform``, an attribute of another name, a closure, a wrapper that calls it twice per
+sample (each call makes its own draws, as torchvision would), results nested in tuples, lists,
+dicts and namedtuples. Each worker plans a chain on its first call; the plan's key names the
+DALI pipeline in the main process, and a plan the main process did not find by walking the
+dataset travels with the chain's samples.
+
+Only the outermost chain call is taken: while a chain runs for real (it could not be
+translated, or its input is no image), the calls inside it are left alone. If the dataset's
+own code then uses a proxied result as a tensor and fails, the sample is fetched again with
+that chain running as plain torchvision, and the chain stays plain in that worker (logged).
+
+In the main process nothing is patched unless a loader has ``num_workers=0``; then the same
+happens around each fetch.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+
+import torch
+from torch.utils.data import get_worker_info
+
+from dali_autoproxy.config import logger
+from dali_autoproxy.worker.deferred import DeferredFileLoader, JpegImageFile, defer_convert
+from dali_autoproxy.plan.ir import Unsupported
+from dali_autoproxy.worker.libraries import loaded_decoders
+from dali_autoproxy.plan.planning import SETTINGS, build_plan, walk
+from dali_autoproxy.plan.translate import compose_types
+from dali_autoproxy.transport import ProxyNode, ProxySample
+
+
+MAX_CHAINS = 256  # chain objects remembered per worker
+
+
+class ChainRouter:
+    """One worker's (or one main-process fetch's) chains: each chain object's ProxyNode, made
+    on first call; None for a chain that stays plain torchvision."""
+
+    def __init__(self, known_keys: Iterable[str]):
+        self.known = set(known_keys)
+        self.nodes: Dict[int, Tuple[Any, Optional[ProxyNode]]] = {}
+        self.produced: List[int] = []  # ids of chains that made ProxySamples during this fetch
+
+    def node_for(self, chain: Any) -> Optional[ProxyNode]:
+        entry = self.nodes.get(id(chain))
+        if entry is None or entry[0] is not chain:
+            try:
+                plan = build_plan(chain)
+            except Unsupported:
+                node = None
+            except Exception:  # a converter tripped on an unusual transform: never the user's problem
+                logger.debug("planning a chain in a worker failed; it runs as plain torchvision", exc_info=True)
+                node = None
+            else:
+                node = ProxyNode(plan, chain, announce=plan.key not in self.known)
+            if len(self.nodes) >= MAX_CHAINS:  # chains made anew per sample: plan them again, hold none
+                self.nodes.clear()
+            entry = self.nodes[id(chain)] = (chain, node)  # holds the chain: its id stays its own
+        return entry[1]
+
+    def make_plain(self, chain_ids: Iterable[int]) -> None:
+        for cid in chain_ids:
+            chain, node = self.nodes.get(cid, (None, None))
+            if node is not None:
+                logger.warning("dali_autoproxy: the dataset uses the result of %s inside __getitem__; "
+                               "that chain runs as plain torchvision in this worker",
+                               type(chain).__name__)
+                self.nodes[cid] = (chain, None)
+
+
+class _Local(threading.local):
+    router: Optional[ChainRouter] = None
+    depth: int = 0  # > 0 while a chain runs for real: the calls inside it are not taken
+
+
+_local = _Local()
+
+
+def routing_active() -> bool:
+    """Whether this thread is inside a proxied loader's fetch (a worker, or num_workers=0)."""
+    return _local.router is not None
+
+
+def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """wrapt wrapper of a chain class's entry point (``__call__``, or ``forward`` of a module)."""
+    router = _local.router
+    if router is None or _local.depth or kwargs or len(args) != 1:
+        return wrapped(*args, **kwargs)
+    node = router.node_for(instance)
+    _local.depth += 1
+    try:
+        if node is None:
+            return wrapped(*args)
+        out = node(args[0])
+        if isinstance(out, ProxySample) and out.done is None:
+            router.produced.append(id(instance))
+        return out
+    finally:
+        _local.depth -= 1
+
+
+def _convert(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``JpegImageFile.convert``: deferred (``deferred.defer_convert``) only while routing."""
+    if _local.router is None:
+        return wrapped(*args, **kwargs)
+    return defer_convert(wrapped, instance, args, kwargs)
+
+
+@contextlib.contextmanager
+def routing(router: ChainRouter) -> Iterator[None]:
+    """Chains called in this thread go through ``router`` (the num_workers=0 fetch)."""
+    previous, _local.router = _local.router, router
+    try:
+        yield
+    finally:
+        _local.router = previous
+
+
+# ----------------------------------------------------------------------------- fetching
+def guarded_get(dataset: Any, index: Any) -> Any:
+    """``dataset[index]``; if the dataset's own code fails on a proxied result, again with the
+    chains it used running plain, from the same torch RNG state (so torchvision draws what it
+    would have drawn; Python's and numpy's generators, which cost more to save, go on)."""
+    router = _local.router
+    if router is None:
+        return dataset[index]
+    router.produced.clear()
+    rng = torch.get_rng_state()
+    try:
+        return dataset[index]
+    except Exception:
+        if not router.produced:
+            raise
+        router.make_plain(set(router.produced))
+        torch.set_rng_state(rng)
+        return dataset[index]
+
+
+def guarded_fetch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """wrapt wrapper of torch's ``_MapDatasetFetcher.fetch`` in a proxied loader's worker."""
+    if _local.router is None or kwargs or len(args) != 1:
+        return wrapped(*args, **kwargs)
+    index = args[0]
+    if not instance.auto_collation:
+        return instance.collate_fn(guarded_get(instance.dataset, index))
+    if getattr(instance.dataset, "__getitems__", None):
+        data = instance.dataset.__getitems__(index)
+    else:
+        data = [guarded_get(instance.dataset, i) for i in index]
+    return instance.collate_fn(data)
+
+
+# ----------------------------------------------------------------------------- installing
+def entry_point(cls: type) -> str:
+    """The method a chain's call goes through: ``forward`` for torch modules, else ``__call__``."""
+    return "forward" if issubclass(cls, torch.nn.Module) else "__call__"
+
+
+def patch(chain_classes: Iterable[type]) -> None:
+    """Wrap the entry points of these chain classes, Pillow's JPEG convert, torch's map fetcher
+    and the loaded data libraries' image decoders, in this process (idempotent; recorded by the instrumentor, undone by disable())."""
+    from torch.utils.data._utils.fetch import _MapDatasetFetcher
+    from dali_autoproxy.main.hooks import instrumentor
+    for cls in set(compose_types()) | set(chain_classes):
+        instrumentor.wrap(cls, entry_point(cls), on_chain_call)
+    instrumentor.wrap(JpegImageFile, "convert", _convert)
+    instrumentor.wrap(_MapDatasetFetcher, "fetch", guarded_fetch)
+    for owner, method, wrapper in loaded_decoders():  # webdataset's and Hugging Face's eager decoders
+        instrumentor.wrap(owner, method, wrapper)
+
+
+def swap_folder_loaders(dataset: Any) -> List[Tuple[Any, str, Any]]:
+    """Give each plain ImageFolder in the dataset the deferred file loader; return the undo list."""
+    undo = []
+    for folder in walk(dataset).folders:
+        undo.append((folder, "loader", folder.loader))
+        folder.loader = DeferredFileLoader(getattr(folder, "samples", None))
+    return undo
+
+
+def unswap(undo: List[Tuple[Any, str, Any]]) -> None:
+    for obj, attr, value in reversed(undo):
+        setattr(obj, attr, value)
+
+
+class WorkerInstaller:
+    """The worker_init_fn of a proxied loader: run the user's worker_init_fn, then route this
+    worker's chain calls. Picklable, for spawn and forkserver workers."""
+
+    def __init__(self, known_keys: Set[str], chain_classes: Set[type], user_init_fn: Any,
+                 settings: Optional[dict] = None):
+        self.known_keys = known_keys
+        self.chain_classes = chain_classes
+        self.user_init_fn = user_init_fn
+        self.settings = dict(settings or {})  # planning's options, as the main process planned
+
+    def __call__(self, worker_id: int) -> None:
+        SETTINGS.update(self.settings)  # a spawned worker starts from the defaults
+        if self.user_init_fn is not None:  # first: it may expect the dataset as the user left it
+            self.user_init_fn(worker_id)
+        patch(self.chain_classes)
+        swap_folder_loaders(get_worker_info().dataset)
+        _local.router = ChainRouter(self.known_keys)
