@@ -44,8 +44,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from corpus import make_corpus  # noqa: E402
-from results_io import write_results  # noqa: E402
 from loader_benchmark import auto_warmup  # noqa: E402
+from results_io import write_results  # noqa: E402
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -77,7 +77,8 @@ class MixUpCutMix:
     """The references' collate: default_collate, then one of MixUp / CutMix per batch."""
     def __init__(self, classes):
         import torchvision.transforms.v2 as v2
-        self.mix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=classes), v2.CutMix(alpha=1.0, num_classes=classes)])
+        self.mix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=classes),
+                                     v2.CutMix(alpha=1.0, num_classes=classes)])
 
     def __call__(self, batch):
         return self.mix(*torch.utils.data.default_collate(batch))

@@ -114,7 +114,8 @@ def compare_setting(pipe, setting, datas, refs, shapes, batch):
 def throughput(pipe, setting, datas, shapes, batch, repeat=3):
     roi = SETTINGS[setting][2]
     boxes = boxes_for(shapes, seed=1) if roi else None
-    chunks = [(datas[s:s + batch], boxes[s:s + batch] if roi else None) for s in range(0, len(datas) - batch + 1, batch)]
+    chunks = [(datas[s:s + batch], boxes[s:s + batch] if roi else None)
+              for s in range(0, len(datas) - batch + 1, batch)]
     decode(pipe, *chunks[0])  # warm-up
     best = 0.0
     for _ in range(repeat):
@@ -129,11 +130,12 @@ def eval_chain_odd(device):
     """The odd set through the eval chain with autoproxy, per image, against torchvision; and
     the same with Pillow's decoded pixels handed to DALI (resampling alone)."""
     import tempfile
+
     import torch
     import torchvision
     import torchvision.transforms as T
-    from photos import MEAN, STD, make_odd_jpeg_folder, to_uint8_domain
     from helpers import load_all
+    from photos import MEAN, STD, make_odd_jpeg_folder, to_uint8_domain
     chain = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
 
     class Pixels(torch.utils.data.Dataset):  # decoded by Pillow first: only resampling differs
@@ -191,7 +193,8 @@ def main(argv=None):
             per = {}
             for (name, d), ref in zip(odd, odd_refs):
                 out = decode(pipe, [d])[0]
-                per[name] = {"psnr": round(psnr(ref, out), 1), "max_abs": int(np.abs(ref.astype(int) - out.astype(int)).max())}
+                per[name] = {"psnr": round(psnr(ref, out), 1),
+                             "max_abs": int(np.abs(ref.astype(int) - out.astype(int)).max())}
             result["odd_decode"][s] = per
             print(json.dumps({"setting": s, "odd": per}), flush=True)
     result["odd_eval"] = eval_chain_odd(a.device)

@@ -24,7 +24,8 @@ Every batch is moved to the GPU (when there is one) as a training loop would; th
 the last --warmup batches of each run are not timed (steady state, see consume). By default that
 is the deepest queue of the modes (autoproxy's look-ahead, the hand-written proxy's 2 batches per
 worker), at most a third of the epoch: a loader that queues k batches ahead has done part of
-their work before a shorter warm-up ends, and drains its queue after its last batch is made. CPU time is the process tree's (main, DALI
+their work before a shorter warm-up ends, and drains its queue after its last batch is made. CPU time is the process
+tree's (main, DALI
 threads and the joined workers) per 1,000 images.
 
     python benchmarks/loader_benchmark.py --images 8192 --workers 4 8 15 --out benchmarks/results/h200.json
@@ -120,6 +121,7 @@ def consume(batches, device: str, warmup: int, total: int = 0):
 def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=False, fidelity="exact",
                     resize="dali"):
     import torchvision
+
     import dali_autoproxy
     if autoproxy:
         dali_autoproxy.enable(device=dali_device, log_level="WARNING", fidelity=fidelity, resize=resize)
@@ -279,7 +281,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, nargs="+", default=[128])
     ap.add_argument("--pipelines", nargs="+", default=["train", "eval"], choices=PIPELINES)
     ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy", "dali_proxy", "dali_native"],
-                    choices=["torchvision", "autoproxy", "autoproxy_fast", "autoproxy_pillow", "dali_proxy", "dali_native",
+                    choices=["torchvision", "autoproxy", "autoproxy_fast", "autoproxy_pillow", "dali_proxy",
+                             "dali_native",
                              "decode_jpeg_gpu"])
     ap.add_argument("--warmup", type=int, default=None,
                     help="batches not timed (default: the deepest queue of the modes, at most half the epoch)")
@@ -292,7 +295,7 @@ def main(argv=None):
                     help="also profile one autoproxy train epoch at the largest worker count (main process)")
     a = ap.parse_args(argv)
 
-    from dali_autoproxy.backends.dali.pipeline import default_num_threads
+    from dali_autoproxy.backends.dali.runner import default_num_threads
     threads = default_num_threads(a.device)
     corpus = make_corpus(a.data, a.images, large=a.large)
     env = {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),

@@ -91,7 +91,7 @@ def main(argv=None) -> int:
                 break  # also exercise the break-out path
         del loader
         gc.collect()
-        from dali_autoproxy.backends.dali.pipeline import _live_pipelines
+        from dali_autoproxy.backends.dali.runner import _live_pipelines
         rows.append({"epoch": epoch, "samples": n, "rss_mb": round(rss_mb(), 1), "fds": open_fds(),
                      "live_pipelines": len(_live_pipelines),
                      "children": children(), "gpu_used_mb": round(gpu_used_mb(), 1),

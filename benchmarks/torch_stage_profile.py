@@ -14,9 +14,9 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-from dali_autoproxy.plan.planning import build_plan
-from dali_autoproxy.plan.ir import split_at_takeover as split
 from dali_autoproxy.backends.torch_stage import TorchStage
+from dali_autoproxy.plan.ir import split_at_takeover as split
+from dali_autoproxy.plan.planning import build_plan
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 

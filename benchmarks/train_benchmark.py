@@ -75,7 +75,8 @@ def run(main_py: str, root: str, arch: str, mode: str, a) -> dict:
 
 def summarize(rows) -> str:
     import statistics
-    lines = ["| model | mode | runs | epoch s | waiting for data | steady img/s | steady waiting | val Acc@1 | epoch time / plain |",
+    lines = ["| model | mode | runs | epoch s | waiting for data | steady img/s | steady waiting | val Acc@1 "
+             "| epoch time / plain |",
              "|---|---|---|---|---|---|---|---|---|"]
     by: dict = {}
     for r in rows:

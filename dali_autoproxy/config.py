@@ -108,8 +108,7 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
                     hw_decoder_load: Optional[float] = None, resize: Optional[str] = None) -> Options:
     """Merge keyword arguments over environment variables and validate both."""
     env = os.environ if environ is None else environ
-    # DALI_AUTOPROXY_TRITON is read where the kernels load (torch_stage/fused_color.py); checked here
-    _pick(ENV_TRITON, None, ENV_TRITON, TRITON_VALUES, env, "1")
+    triton_allowed(env)  # read where the kernels load (backends/torch_stage/fused_color.py); checked here too
     return Options(
         device=_pick("device", device, ENV_DEVICE, DEVICES, env, "auto"),
         output=_pick("output", output, ENV_OUTPUT, OUTPUTS, env, "auto"),
@@ -120,6 +119,12 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
                                        Options.hw_decoder_load),
         resize=_pick("resize", resize, ENV_RESIZE, RESIZES, env, Options.resize),
     )
+
+
+def triton_allowed(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """DALI_AUTOPROXY_TRITON: whether the Triton kernels may run (ValueError on a bad value)."""
+    env = os.environ if environ is None else environ
+    return _pick(ENV_TRITON, None, ENV_TRITON, TRITON_VALUES, env, "1") == "1"
 
 
 def enable_requested(environ: Optional[Mapping[str, str]] = None) -> bool:

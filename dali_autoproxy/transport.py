@@ -1,14 +1,15 @@
-"""Worker-to-main transport: what a worker hands over instead of a processed image.
+"""What travels from a worker to the main process: data only, no behaviour of either side.
 
-In the worker, a recognised chain's call returns a :class:`ProxySample` (see ``intercept.py``):
+In the worker, a recognised chain's call returns a :class:`ProxySample` (``worker/proxy_node.py``):
 the image's encoded JPEG bytes or its pixels, plus the per-sample params drawn with
-torchvision's RNG calls. ``default_collate`` batches those into one :class:`ProxyBatch`, whose
-bytes sit in a single shared-memory tensor per group: one file descriptor per batch, no
-pickling of image data. The batch then travels through the DataLoader's own result queue, so
-ordering, timeouts and worker errors are the DataLoader's.
+torchvision's RNG calls. The worker's collate (``worker/collate.py``) batches those into one
+:class:`ProxyBatch`, whose bytes sit in a single shared-memory tensor per group: one file
+descriptor per batch, no pickling of image data. The batch then travels through the
+DataLoader's own result queue, so ordering, timeouts and worker errors are the DataLoader's;
+the main process (``main/iterator.py``) runs DALI on it.
 
 Samples DALI should not see (PNG, CMYK, a tensor input...) take the original chain on the CPU
-right here; they travel as finished tensors and are merged back in place.
+in the worker; they travel as finished tensors and are merged back in place.
 """
 from __future__ import annotations
 
@@ -16,13 +17,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-from PIL import Image
-from torch.utils.data import get_worker_info
-from torch.utils.data._utils.collate import default_collate_fn_map
 
-from dali_autoproxy.worker.deferred import NOT_DEFERRED, DeferredJpeg, encoded_jpeg
 from dali_autoproxy.plan.planning import Plan
-from dali_autoproxy.plan.translate import flatten
 
 ENCODED, RAW = "encoded", "raw"  # what a DALI pipeline takes in: JPEG bytes, or HWC uint8 pixels
 
@@ -54,62 +50,6 @@ class ProxySample:
 
     def __repr__(self) -> str:
         return f"ProxySample(plan={self.key}, {self.kind}, path={self.path!r}, done={self.done is not None})"
-
-
-def _why_decoded_here(img: Any) -> str:
-    if getattr(img, NOT_DEFERRED, False):  # decoded by Pillow in the worker, not being an ordinary JPEG
-        return WHY_NOT_PLAIN_JPEG
-    if type(img) is not DeferredJpeg and getattr(img, "format", None) is not None and getattr(img, "_im", 1) is None:
-        return WHY_NOT_PLAIN_JPEG  # a file Pillow opened, untouched, that is no ordinary JPEG
-    return WHY_DECODED
-
-
-class ProxyNode:
-    """What a recognised chain's call does in a worker: hand the image over to DALI."""
-
-    def __init__(self, plan: Plan, original: Any, announce: bool):
-        self.plan = plan
-        self.key = plan.key
-        self.dtype = torch.uint8 if plan.state.dtype == "uint8" else torch.float32
-        self.original = original
-        self.announce = plan if announce else None  # sent with each sample: the main process lacks it
-        flat = flatten(original) if plan.worker_prefix else []
-        self.prefix = flat[:plan.worker_prefix]  # partial offload: these run here
-        self.rest = flat[plan.worker_prefix:]
-
-    def __call__(self, img: Any) -> Any:
-        if not self.prefix:
-            enc = encoded_jpeg(img)
-            if enc is not None:
-                data, (width, height), path = enc
-                params, shape = self.plan.draw_sample(height, width)
-                return ProxySample(self.key, ENCODED, np.frombuffer(data, dtype=np.uint8), params, path,
-                                   plan=self.announce, shape=shape, dtype=self.dtype)
-            why = _why_decoded_here(img) if isinstance(img, Image.Image) else WHY_CPU
-        else:
-            why = WHY_PREFIX
-            for t in self.prefix:
-                img = t(img)
-        if isinstance(img, Image.Image) and img.mode == "RGB":
-            pixels = np.asarray(img)
-            params, shape = self.plan.draw_sample(*pixels.shape[:2])
-            return ProxySample(self.key, RAW, pixels, params, why=why, plan=self.announce, shape=shape,
-                               dtype=self.dtype)
-        return self._on_cpu(img)
-
-    def _on_cpu(self, img: Any) -> Any:
-        """The rest of the original chain (all of it, or what follows a worker prefix)."""
-        if self.prefix:
-            out = img
-            for t in self.rest:
-                out = t(out)
-        else:
-            out = self.original(img)
-        if isinstance(out, np.ndarray):  # timm's ToNumpy: default_collate would make it this tensor
-            out = torch.from_numpy(out)
-        if not isinstance(out, torch.Tensor):
-            return out  # not what a batch of this chain holds: handed back as the chain made it
-        return ProxySample(self.key, done=out.as_subclass(torch.Tensor), why=WHY_CPU)
 
 
 class ProxyGroup:
@@ -157,56 +97,21 @@ class ProxyBatch:
                 f"cpu={len(self.done_indices)})")
 
 
-def _uint8_buffer(nbytes: int) -> torch.Tensor:
-    """In a worker, allocate straight in shared memory, so sending it copies nothing."""
-    if get_worker_info() is not None:
-        storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
-        return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,))
-    return torch.empty(nbytes, dtype=torch.uint8)
+class Slot:
+    """Where a proxied image goes back: row ``row`` of the ``batch``-th ProxyBatch."""
+    __slots__ = ("batch", "row")
+
+    def __init__(self, batch: int, row: int):
+        self.batch, self.row = batch, row
 
 
-def _pack(key: str, kind: str, indices: List[int], samples: List[ProxySample]) -> ProxyGroup:
-    payloads = [s.payload for s in samples]
-    sizes = np.fromiter((p.nbytes for p in payloads), dtype=np.int64, count=len(payloads))
-    offsets = np.zeros(len(payloads) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    buf = _uint8_buffer(int(offsets[-1]))
-    flat = buf.numpy()
-    for p, start, end in zip(payloads, offsets[:-1], offsets[1:]):
-        flat[start:end] = p.reshape(-1)
-    shapes = None
-    if payloads and payloads[0].ndim == 3:
-        shapes = np.array([p.shape for p in payloads], dtype=np.int64)
-    params = np.array([s.params for s in samples], dtype=np.float64).reshape(len(samples), -1)
-    plan = next((s.plan for s in samples if s.plan is not None), None)
-    return ProxyGroup(key, kind, indices, buf, offsets, shapes, params, [s.path for s in samples], plan)
+class ProxyCollated:
+    """What a worker sends in place of the user's collated batch."""
 
+    def __init__(self, samples: List[Any], batches: List[ProxyBatch], rng: tuple):
+        self.samples = samples   # the dataset's samples, proxied images replaced by Slots
+        self.batches = batches   # one ProxyBatch per position holding proxied images
+        self.rng = rng           # the worker's (torch, random, numpy) states before the collate
 
-def collate_proxy_samples(batch: List[Any], *, collate_fn_map: Optional[Dict] = None) -> ProxyBatch:
-    """default_collate's handler for ProxySample (registered below, in every process). A plain
-    tensor among them (a sample whose chain was not taken over) joins as a finished result."""
-    by_plan: Dict[Tuple[str, str], List[int]] = {}
-    done_indices: List[int] = []
-    done: List[torch.Tensor] = []
-    why: Dict[str, int] = {}
-    for i, s in enumerate(batch):
-        if isinstance(s, torch.Tensor):
-            done_indices.append(i)
-            done.append(s)
-            continue
-        if not isinstance(s, ProxySample):
-            raise TypeError(f"dali_autoproxy: cannot batch a proxied sample with {type(s).__name__}")
-        if s.why is not None:
-            why[s.why] = why.get(s.why, 0) + 1
-        if s.done is not None:
-            done_indices.append(i)
-            done.append(s.done)
-        else:
-            by_plan.setdefault((s.key, s.kind), []).append(i)
-    groups = [_pack(key, kind, idx, [batch[i] for i in idx]) for (key, kind), idx in by_plan.items()]
-    if len(done) > 1 and all(d.shape == done[0].shape for d in done):
-        done = [torch.stack(done)]  # one tensor, one file descriptor
-    return ProxyBatch(len(batch), groups, done_indices, done, why)
-
-
-default_collate_fn_map[ProxySample] = collate_proxy_samples
+    def __repr__(self) -> str:
+        return f"ProxyCollated({len(self.samples)} samples, {self.batches!r})"

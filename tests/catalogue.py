@@ -18,7 +18,6 @@ from typing import Callable, List, Optional, Tuple
 import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
-
 from photos import MEAN, STD
 
 I = T.InterpolationMode
@@ -71,7 +70,8 @@ CASES: List[Case] = [
     Case("Pad [l, t, r, b] RGB fill", lambda m: [m.Pad([3, 5, 11, 2], fill=(10, 200, 30))], "exact", batch=1),
     Case("RandomCrop", lambda m: [m.RandomCrop(150)], "exact"),
     Case("RandomCrop padding fill", lambda m: [m.RandomCrop((180, 200), padding=20, fill=77)], "exact"),
-    Case("RandomCrop pad_if_needed", lambda m: [m.CenterCrop((120, 140)), m.RandomCrop(160, pad_if_needed=True, fill=5)],
+    Case("RandomCrop pad_if_needed",
+         lambda m: [m.CenterCrop((120, 140)), m.RandomCrop(160, pad_if_needed=True, fill=5)],
          "exact"),
     Case("RandomHorizontalFlip", lambda m: [_crop(m), m.RandomHorizontalFlip()], "exact"),
     Case("RandomVerticalFlip", lambda m: [_crop(m), m.RandomVerticalFlip()], "exact"),
@@ -87,19 +87,22 @@ CASES: List[Case] = [
                                                        m.CenterCrop(160)], "bound", output="own"),
     Case("Resize on a tensor, no antialias", lambda m: [m.PILToTensor(), m.Resize(180, antialias=False),
                                                       m.CenterCrop(160)], "bound", output="own"),
-    Case("Resize LANCZOS", lambda m: [m.Resize(180, interpolation=I.LANCZOS), m.CenterCrop(160)], "worker", output="float"),
-    Case("Resize BOX (Pillow's arithmetic: DALI has no box filter)", lambda m: [m.Resize(180, interpolation=I.BOX),
-                                                                              m.CenterCrop(160)], "exact", output="float"),
+    Case("Resize LANCZOS", lambda m: [m.Resize(180, interpolation=I.LANCZOS), m.CenterCrop(160)], "worker",
+         output="float"),
+    Case("Resize BOX (Pillow's arithmetic: DALI has no box filter)",
+         lambda m: [m.Resize(180, interpolation=I.BOX), m.CenterCrop(160)], "exact", output="float"),
     Case("Resize HAMMING", lambda m: [m.Resize(180, interpolation=I.HAMMING), m.CenterCrop(160)], "worker",
          output="float"),
     # colour
     Case("ColorJitter(0.4, 0.4, 0.4, 0.1)", lambda m: [_crop(m), m.ColorJitter(0.4, 0.4, 0.4, 0.1)], "exact"),
     Case("ColorJitter brightness, contrast", lambda m: [_crop(m), m.ColorJitter(brightness=0.5, contrast=(0.2, 1.8))],
          "exact"),
-    Case("ColorJitter saturation, hue 0.5", lambda m: [_crop(m), m.ColorJitter(saturation=(0.0, 2.0), hue=0.5)], "exact"),
+    Case("ColorJitter saturation, hue 0.5", lambda m: [_crop(m), m.ColorJitter(saturation=(0.0, 2.0), hue=0.5)],
+         "exact"),
     Case("ColorJitter on a uint8 tensor (torchvision's tensor kernels)", lambda m: [
         m.PILToTensor(), m.CenterCrop(200), m.ColorJitter(0.4, 0.4, 0.4, 0.1)], "exact", output="own"),
-    Case("ColorJitter on a float tensor", lambda m: [m.PILToTensor(), m.CenterCrop(200), m.ConvertImageDtype(torch.float32),
+    Case("ColorJitter on a float tensor",
+         lambda m: [m.PILToTensor(), m.CenterCrop(200), m.ConvertImageDtype(torch.float32),
                                                      m.ColorJitter(0.3, 0.3, 0.3, 0.2)], "exact", output="own"),
     Case("ColorJitter before a crop", lambda m: [
         m.ColorJitter(0.4, 0.4, 0.4, 0.1), m.CenterCrop(160)], "worker", output="float"),
@@ -156,7 +159,8 @@ CASES: List[Case] = [
     Case("AutoAugment cifar10", lambda m: [_crop(m), m.AutoAugment(T.AutoAugmentPolicy.CIFAR10)], "exact", batch=8),
     Case("AutoAugment svhn", lambda m: [_crop(m), m.AutoAugment(T.AutoAugmentPolicy.SVHN)], "exact", batch=8),
     Case("RandAugment", lambda m: [_crop(m), m.RandAugment()], "exact"),
-    Case("RandAugment 3 ops, magnitude 15, fill", lambda m: [_crop(m), m.RandAugment(3, 15, fill=[9, 99, 199])], "exact"),
+    Case("RandAugment 3 ops, magnitude 15, fill", lambda m: [_crop(m), m.RandAugment(3, 15, fill=[9, 99, 199])],
+         "exact"),
     Case("TrivialAugmentWide", lambda m: [_crop(m), m.TrivialAugmentWide()], "exact", batch=8),
     Case("TrivialAugmentWide bilinear (the references' --auto-augment ta_wide)",
          lambda m: [_crop(m), m.TrivialAugmentWide(interpolation=T.InterpolationMode.BILINEAR)], "exact", batch=8),
@@ -195,7 +199,8 @@ CASES: List[Case] = [
         m.RandomCrop(200, padding=4), m.RandomHorizontalFlip(), m.RandomInvert(0.3), m.RandomPosterize(4, p=0.5),
         m.RandomSolarize(128, p=0.5)], "exact"),
     Case("chain: crop, flip, ColorJitter, RandomGrayscale", lambda m: [
-        m.RandomCrop(200), m.RandomHorizontalFlip(), m.ColorJitter(0.4, 0.4, 0.4, 0.1), m.RandomGrayscale(0.2)], "exact"),
+        m.RandomCrop(200), m.RandomHorizontalFlip(), m.ColorJitter(0.4, 0.4, 0.4, 0.1), m.RandomGrayscale(0.2)],
+        "exact"),
     # after ToTensor
     Case("ToTensor + Normalize", _normalized, "exact", output="own"),
     Case("RandomErasing value 0", lambda m: _normalized(m) + [m.RandomErasing(p=0.8)], "exact", output="own"),

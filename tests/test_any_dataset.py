@@ -9,14 +9,14 @@ import pytest
 import torch
 import torchvision
 import torchvision.transforms as T
+from helpers import last_report, load_all
+from photos import MEAN, STD
 from PIL import Image, ImageFilter
+from test_fidelity import compare
+from test_reliability import BAD_FILES, outcomes, same_outcomes
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
 import dali_autoproxy
-from helpers import last_report, load_all
-from photos import MEAN, STD
-from test_fidelity import compare
-from test_reliability import BAD_FILES, outcomes, same_outcomes
 
 TRAIN = lambda: T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToTensor(),  # noqa: E731
                            T.Normalize(MEAN, STD)])
@@ -311,6 +311,7 @@ def test_exif_orientation_is_not_applied_in_an_own_dataset(photo_root, tmp_path)
 def test_a_deferred_jpeg_decodes_exactly_as_pillow_when_touched(photo_root):
     """Unit test of the stand-in: every way of reaching the pixels gives Pillow's."""
     import numpy as np
+
     from dali_autoproxy.worker.deferred import DeferredFileLoader, DeferredJpeg
     path = samples_of(photo_root)[0][0]
     plain = Image.open(path).convert("RGB")

@@ -8,14 +8,15 @@ import pytest
 import torch
 import torchvision.transforms as T
 import wrapt
+from helpers import falls_back_identically, image_folder, last_report, load_all
+from photos import MEAN, STD
+from test_fidelity import compare
 from torch.utils.data import DataLoader as DataLoaderImportedEarly  # before any enable()
 from torch.utils.data.distributed import DistributedSampler
 
 import dali_autoproxy
-from dali_autoproxy.main.hooks import instrumentor
-from helpers import falls_back_identically, image_folder, last_report, load_all
-from photos import MEAN, STD
-from test_fidelity import compare
+from dali_autoproxy.main.hooks import instrumentor  # noqa: F401
+from dali_autoproxy.patches import ledger
 
 EVAL = lambda: T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])  # noqa: E731
 TRAIN = lambda: T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToTensor(),  # noqa: E731
@@ -31,11 +32,29 @@ def test_enable_twice_and_disable_restore_the_class():
     for k in originals:
         assert isinstance(dl.__dict__[k], wrapt.FunctionWrapper)
         assert dl.__dict__[k].__wrapped__ is originals[k]
-    assert len(instrumentor._patched) == 2
+    assert ledger.patched() == ["torch.utils.data.dataloader.DataLoader.__init__",
+                                "torch.utils.data.dataloader.DataLoader._get_iterator"]
     dali_autoproxy.disable()
-    assert not dali_autoproxy.is_enabled()
+    assert not dali_autoproxy.is_enabled() and ledger.patched() == []
     for k, v in originals.items():
         assert dl.__dict__[k] is v
+
+
+def test_an_unsupported_torch_is_not_patched(monkeypatch, caplog):
+    """The versions the patches are written against are checked before anything is patched."""
+    from dali_autoproxy.patches import SUPPORTED, unsupported
+    assert unsupported("torch", "1.13.1") and unsupported("torchvision", "0.14.0")
+    assert unsupported("torch", "2.11.0+cu130") is None and unsupported("nvidia.dali", "2.4.0") is None
+    monkeypatch.setattr(torch, "__version__", "1.13.1")
+    dl = torch.utils.data.dataloader.DataLoader
+    original = dl.__dict__["_get_iterator"]
+    try:
+        with caplog.at_level("WARNING", logger="dali_autoproxy"):
+            dali_autoproxy.enable(device="cpu")
+        assert dl.__dict__["_get_iterator"] is original and ledger.patched() == []
+        assert f"torch 1.13.1 is older than the oldest supported, {SUPPORTED['torch'][0]}.0" in caplog.text
+    finally:
+        dali_autoproxy.disable()
 
 
 def test_loader_imported_before_enable_is_proxied_and_keeps_its_api(photo_root):
@@ -158,7 +177,7 @@ def test_fallback_without_gpu_in_auto_mode(photo_root):
 
 
 def test_fallback_when_setup_fails(photo_root, monkeypatch):
-    from dali_autoproxy.backends.dali import pipeline
+    from dali_autoproxy.backends.dali import runner as pipeline
 
     def broken(*a, **k):
         raise RuntimeError("simulated pipeline build failure")
@@ -217,8 +236,9 @@ def test_bad_option_values_are_clear_errors(monkeypatch):
 
 def test_hw_decoder_load_option_is_validated_and_reaches_the_gpu_decoder(monkeypatch, photo_root):
     from nvidia.dali import Pipeline, fn
+
+    from dali_autoproxy.backends.dali.lowering import Lowering
     from dali_autoproxy.config import Options, resolve_options
-    from dali_autoproxy.backends.dali.pipeline import Lowering
     from dali_autoproxy.plan.planning import build_plan
     for bad in (-0.1, 1.5, "0.5", True, float("nan")):
         with pytest.raises(ValueError, match=r"hw_decoder_load=.*numbers from 0 to 1"):
@@ -284,8 +304,8 @@ def test_report_is_compact_by_default_and_whole_when_verbose(photo_root):
 
 def test_exif_rotation_is_not_applied(tmp_path):
     """PIL's loader ignores EXIF orientation; so must DALI's decoder."""
-    from PIL import Image
     from photos import photographs
+    from PIL import Image
     d = tmp_path / "exif" / "c0"
     d.mkdir(parents=True)
     img = Image.fromarray(photographs()[0][:300, :400])
@@ -307,7 +327,7 @@ def test_forked_worker_never_tears_down_inherited_pipelines(tmp_path):
     script.write_text(textwrap.dedent("""
         import gc, torch, torchvision.transforms as T
         from dali_autoproxy.plan.planning import build_plan
-        from dali_autoproxy.backends.dali.pipeline import DaliRunner
+        from dali_autoproxy.backends.dali.runner import DaliRunner
         plan = build_plan(T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor()]))
         gc.disable()
         runner = DaliRunner(plan, "encoded", 8, "cpu", None)

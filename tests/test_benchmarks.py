@@ -12,7 +12,8 @@ def test_loader_benchmark_runs_every_mode(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "loader_benchmark.py"), "--data", str(tmp_path / "c"),
            "--images", "48", "--workers", "2", "--batch", "8", "--device", "cpu", "--warmup", "1",
-           "--repeat", "2", "--epochs", "2", "--pipelines", "train", "eval", "heavy", "trivialaugment", "jitter_v2", "decode",
+           "--repeat", "2", "--epochs", "2", "--pipelines", "train", "eval", "heavy", "trivialaugment", "jitter_v2",
+           "decode",
            "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -83,6 +84,7 @@ def test_loader_benchmark_leaves_the_deepest_queue_untimed():
     """A loader that queues k batches ahead has worked on them before a shorter warm-up ends."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from loader_benchmark import auto_warmup
+
     from dali_autoproxy.config import Options
     assert auto_warmup(8, 256) == max(Options.lookahead + 1, 16)
     assert auto_warmup(15, 256) == max(Options.lookahead + 1, 30)

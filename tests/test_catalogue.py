@@ -3,7 +3,6 @@ and real DALI pipelines, against plain torchvision with the same seed. Here on D
 backend; test_gpu.py runs the same cases on the GPU."""
 import pytest
 import torch
-
 from catalogue import CASES, where_it_runs
 from helpers import image_folder, last_report, load_all
 from photos import psnr
@@ -97,7 +96,9 @@ def test_cpu_replay_of_the_plan_equals_torchvision(photo_root, case, api):
     case, exact, also where DALI's resampling is only bounded), else a DALI hiccup would
     silently change the augmentation."""
     import pathlib
+
     from PIL import Image
+
     from dali_autoproxy.backends.cpu_replay import run_plan
     from dali_autoproxy.plan.planning import build_plan
     chain = case.chain(api)

@@ -50,7 +50,8 @@ def test_help_texts_are_plain():
 
 def test_corpus_script_runs(tmp_path):
     bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-    res = _cli(sys.executable, os.path.join(bench, "corpus.py"), str(tmp_path / "c"), "--images", "12", "--classes", "3")
+    res = _cli(sys.executable, os.path.join(bench, "corpus.py"), str(tmp_path / "c"), "--images", "12",
+               "--classes", "3")
     assert res.returncode == 0, res.stderr[-2000:]
     assert len(list((tmp_path / "c").rglob("*.jpg"))) == 12 and "'images': 12" in res.stdout
 

@@ -8,11 +8,10 @@ import pytest
 import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
-from torch.utils.data import default_collate
-
 from helpers import image_folder, last_report, load_all
 from photos import MEAN, STD
 from test_fidelity import compare
+from torch.utils.data import default_collate
 
 TRAIN = lambda: T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor(),  # noqa: E731
                            T.Normalize(MEAN, STD)])
@@ -124,7 +123,8 @@ def test_custom_collate_with_num_workers(photo_root, workers):
 def test_timm_fast_collate_has_an_on_device_equivalent():
     """The stacked batch equals timm's own fast_collate (which copies into a CPU batch)."""
     from timm.data.loader import fast_collate
-    from dali_autoproxy.worker.collate import on_device
+
+    from dali_autoproxy.main.collate import on_device
     batch = [(torch.randint(0, 256, (3, 8, 8), dtype=torch.uint8), i % 3) for i in range(5)]
     ours, theirs = on_device(fast_collate)(batch), fast_collate(batch)
     assert on_device(fast_collate) is not fast_collate and on_device(mixup_cutmix) is mixup_cutmix

@@ -2,7 +2,6 @@
 transform: tests/test_catalogue.py.)"""
 import pytest
 import torchvision.transforms as T
-
 from helpers import image_folder, load_all, why_not
 
 

@@ -13,9 +13,10 @@ import torchvision.transforms as T
 def _rank_main(rank, world, init_file, root, out_dir, enable_after_init):
     import sys
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import dali_autoproxy
     from helpers import image_folder
     from photos import MEAN, STD
+
+    import dali_autoproxy
     if not enable_after_init:
         dali_autoproxy.enable(device="cpu", log_level="ERROR")
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -37,7 +38,8 @@ def _rank_main(rank, world, init_file, root, out_dir, enable_after_init):
         for epoch in range(2):
             sampler.set_epoch(epoch)
             epochs.append([(x.clone(), y.clone()) for x, y in loader])
-        results[arm] = {"epochs": epochs, "proxied": dali_autoproxy.report()[-1]["proxied"] if arm == "autoproxy" else None}
+        proxied = dali_autoproxy.report()[-1]["proxied"] if arm == "autoproxy" else None
+        results[arm] = {"epochs": epochs, "proxied": proxied}
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()

@@ -12,10 +12,9 @@ import pytest
 import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
+from helpers import last_report, load_all
 from PIL import Image
 from scipy import stats
-
-from helpers import last_report, load_all
 
 N = 320
 COLOUR = (200, 90, 40)

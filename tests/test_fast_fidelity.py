@@ -6,14 +6,14 @@ import pytest
 import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
+from helpers import image_folder, last_report, load_all
+from photos import psnr
+from test_fidelity import MEAN, STD
 
 import dali_autoproxy
 from dali_autoproxy.config import resolve_options
 from dali_autoproxy.plan.ir import FastColorJitter, split_at_takeover
 from dali_autoproxy.plan.planning import SETTINGS, build_plan
-from helpers import image_folder, last_report, load_all
-from photos import psnr
-from test_fidelity import MEAN, STD
 
 # adjustment -> (ColorJitter kwargs, PSNR floor in dB). Brightness and saturation: float maths
 # where Pillow rounds; contrast: DALI pivots on mid-grey, Pillow on the mean luma; hue: DALI
@@ -75,9 +75,10 @@ def test_exact_stays_the_default_and_the_option_is_validated(monkeypatch):
 
 def test_a_failed_batch_is_recomputed_exactly():
     """The CPU replay of a fast ColorJitter runs torchvision's own adjustments in the drawn order."""
-    from PIL import Image
-    from dali_autoproxy.backends.cpu_replay import CPU_KERNELS
     from photos import photographs
+    from PIL import Image
+
+    from dali_autoproxy.backends.cpu_replay import CPU_KERNELS
     img = Image.fromarray(photographs()[0]).convert("RGB")
     row = [1.0, 1.0, 1.0, 0.0] * 4
     row[4 * 0 + 2], row[4 * 1 + 3], row[4 * 2 + 0], row[4 * 3 + 1] = 1.3, 0.049, 0.7, 1.2

@@ -13,11 +13,10 @@ import pytest
 import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
-from scipy import stats
-from torch.utils.data import Subset
-
 from helpers import image_folder, last_report, load_all
 from photos import CLASS_TINTS, MEAN, STD, make_odd_jpeg_folder, psnr, to_uint8_domain
+from scipy import stats
+from torch.utils.data import Subset
 
 MAE_MAX, PSNR_MIN = 0.5, 40.0
 

@@ -61,12 +61,12 @@ def _pillow(img: np.ndarray, row: np.ndarray, hue: float, enabled) -> np.ndarray
 
 def check(device: str) -> dict:
     """Fused kernel against torchvision on PIL images and against the torch-op path."""
-    from dali_autoproxy.plan.ir import ColorJitter, jitter_order
     from dali_autoproxy.backends.torch_stage import color, fused_color
+    from dali_autoproxy.plan.ir import ColorJitter, jitter_order
     dev = torch.device(device)
     tables = color.hue_tables(dev)
     rng = np.random.default_rng(7)
-    report = {"fused": fused_color._load() is not None, "cases": []}
+    report = {"fused": fused_color.load() is not None, "cases": []}
     for size, enabled in [((29, 37), (True, True, True, True)), ((40, 45), (True, True, True, True)),
                           ((33, 64), (False, True, True, False)), ((17, 19), (True, False, False, True))]:
         imgs = _samples(rng, size)
@@ -99,7 +99,7 @@ def check_tensor_v2(device: str) -> dict:
     """The v2 tensor kernel against torchvision v2 on uint8 tensors, on the same device."""
     from dali_autoproxy.backends.torch_stage import fused_color
     rng = np.random.default_rng(11)
-    report = {"fused": fused_color._load() is not None, "cases": []}
+    report = {"fused": fused_color.load() is not None, "cases": []}
     for size in [(29, 37), (40, 45), (33, 64)]:
         imgs = _samples(rng, size)
         n = len(imgs)
@@ -131,10 +131,11 @@ def check_augment(device: str) -> dict:
     path, every operation."""
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.autoaugment import _apply_op
-    from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment
+
     from dali_autoproxy.backends.torch_stage import fused_color, policies
+    from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment
     rng = np.random.default_rng(5)
-    report = {"fused": fused_color._load() is not None, "cases": []}
+    report = {"fused": fused_color.load() is not None, "cases": []}
     for size, bilinear, fill in [((37, 41), False, None), ((24, 70), False, [255, 0, 128]), ((37, 41), True, None),
                                  ((31, 29), True, [10, 200, 64])]:
         op = Augment(slot=0, fill=tuple(float(v) for v in (fill or (0, 0, 0))), bilinear=bilinear)
@@ -144,7 +145,7 @@ def check_augment(device: str) -> dict:
         imgs = np.stack([base[k] for _, _, k in rows])
         host = np.array([[AUGMENT_OPS.index(name), m] for name, m, _ in rows], dtype=np.float64)
         x = torch.from_numpy(imgs).to(device).permute(0, 3, 1, 2).to(torch.float32)
-        fused = fused_color.augment_pil(x, op, host)
+        fused = policies.augment_fused(x, op, host)
         ops = policies.augment(x.clone(), op, host)
         want = np.stack([np.asarray(_apply_op(Image.fromarray(im), name, m, mode, fill))
                          for im, (name, m, _) in zip(imgs, rows)])

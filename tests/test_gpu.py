@@ -7,12 +7,11 @@ IDCT and chroma upsampling differ from libjpeg-turbo's by a level or two near ed
 top of the resampler differences measured on the CPU backend.
 """
 import sys
+
 import pytest
 import torch
 import torchvision
-
 from helpers import image_folder, last_report, load_all
-
 from test_fidelity import EVAL, TRAIN, compare
 
 pytestmark = pytest.mark.gpu
@@ -83,6 +82,7 @@ BAD_ON_GPU = ["truncated_jpeg", "truncated_with_thumbnail", "zero_bytes", "png",
 @pytest.mark.parametrize("kind", BAD_ON_GPU)
 def test_gpu_bad_file_has_torchvisions_outcome(photo_root, tmp_path, kind):
     import shutil
+
     from test_reliability import BAD_FILES, outcomes, same_outcomes
     root = tmp_path / "data"
     shutil.copytree(photo_root, root)
@@ -106,6 +106,7 @@ def test_gpu_bad_file_has_torchvisions_outcome(photo_root, tmp_path, kind):
 
 def test_gpu_memory_is_returned_when_the_loader_is_gone(photo_root):
     import gc
+
     import dali_autoproxy
 
     def used_mb():
@@ -160,6 +161,7 @@ def test_gpu_imagenet_like_script_unchanged(tmp_path, photo_root):
     """GPU twin of test_scripts.py::test_imagenet_like_script_unchanged (device=auto)."""
     import os
     import shutil
+
     from test_scripts import HERE, _run
     shutil.copytree(photo_root, tmp_path / "train")
     shutil.copytree(photo_root, tmp_path / "val")
@@ -194,9 +196,10 @@ def test_torch_stage_queues_its_work_without_waiting_for_the_gpu(chain):
     check): the GPU may differ by float contraction in the blur, at most 1 level."""
     import numpy as np
     import torchvision.transforms as T
-    from dali_autoproxy.plan.planning import build_plan
-    from dali_autoproxy.plan.ir import split_at_takeover as split
+
     from dali_autoproxy.backends.torch_stage import TorchStage
+    from dali_autoproxy.plan.ir import split_at_takeover as split
+    from dali_autoproxy.plan.planning import build_plan
     tail = ([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.2), T.GaussianBlur(9, (0.1, 2.0)),
              T.RandomRotation(15)] if chain == "heavy" else [T.TrivialAugmentWide()])
     plan = build_plan(T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), *tail, T.ToTensor(),

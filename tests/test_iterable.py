@@ -7,7 +7,6 @@ import pytest
 import torch
 import torchvision
 import torchvision.transforms as T
-
 from helpers import last_report, load_all
 from photos import MEAN, STD
 from test_fidelity import compare
@@ -62,7 +61,8 @@ def test_webdataset_with_an_untranslatable_chain_is_identical(shards):
 
 def _hf_dataset(photo_root, as_bytes):
     samples = torchvision.datasets.ImageFolder(photo_root).samples
-    images = [{"bytes": open(p, "rb").read(), "path": None} for p, _ in samples] if as_bytes else [p for p, _ in samples]
+    images = ([{"bytes": open(p, "rb").read(), "path": None} for p, _ in samples] if as_bytes
+              else [p for p, _ in samples])
     ds = hf.Dataset.from_dict({"image": images, "label": [y for _, y in samples]})
     return ds.cast_column("image", hf.Image())
 

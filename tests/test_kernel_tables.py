@@ -2,13 +2,12 @@
 the op's placement (what planning reads). Adding an op is a checklist this test enforces."""
 import pytest
 
+import dali_autoproxy.plan.ir as ir
 from dali_autoproxy.backends.cpu_replay import CPU_KERNELS
+from dali_autoproxy.backends.dali.lowering import DALI_KERNELS
+from dali_autoproxy.backends.torch_stage import TORCH_KERNELS
 from dali_autoproxy.plan.ir import ALL_OPS, Crop, PillowResize, Placement, Resize, ToCHW, split_at_takeover
 from dali_autoproxy.plan.kernel_table import KernelTable, MissingKernel
-from dali_autoproxy.backends.dali.pipeline import DALI_KERNELS
-from dali_autoproxy.backends.torch_stage import TORCH_KERNELS
-
-import dali_autoproxy.plan.ir as ir
 
 
 def test_all_ops_lists_every_op_dataclass_of_the_ir():
@@ -45,6 +44,7 @@ def test_registering_twice_is_an_error_and_a_missing_kernel_names_op_and_back_en
 
 def test_converters_cannot_be_registered_twice():
     import torchvision.transforms as T
+
     from dali_autoproxy.plan.translate import lookup, register
     lookup(T.ToTensor())  # converters loaded
     with pytest.raises(ValueError, match="already has a converter"):

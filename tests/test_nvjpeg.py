@@ -23,7 +23,7 @@ def test_asking_for_a_library_loads_nothing():
 def test_enable_loads_dalis_nvjpeg_first_and_its_version_decides_region_decodes():
     code = (
         "import dali_autoproxy, sys\n"
-        "from dali_autoproxy import nvjpeg\n"
+        "from dali_autoproxy.backends.dali import nvjpeg\n"
         "soname = __import__('os').path.basename(nvjpeg._dali_libraries()[0])\n"
         "assert nvjpeg.loaded_version(soname) is None, 'loaded before enable()'\n"
         "dali_autoproxy.enable(device='gpu')\n"

@@ -4,12 +4,12 @@ import pytest
 import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
+from helpers import image_folder, last_report, load_all
+from photos import MEAN, STD
 from PIL import ImageFilter
 
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.planning import build_plan
-from helpers import image_folder, last_report, load_all
-from photos import MEAN, STD
 
 
 class Detail:

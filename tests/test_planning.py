@@ -4,12 +4,12 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.functional as F
 import torchvision.transforms.v2 as v2
+from helpers import why_not
 
 from dali_autoproxy.plan import planning
 from dali_autoproxy.plan.ir import Crop, Flip, Normalize, PillowResize, Resize, ToCHW, ToFloat
 from dali_autoproxy.plan.planning import build_plan
 from dali_autoproxy.plan.translate.geometry import center_crop_box, resized_output_size
-from helpers import why_not
 
 
 @pytest.mark.parametrize("hw", [(300, 400), (401, 299), (256, 256), (100, 1000)])

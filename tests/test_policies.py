@@ -4,13 +4,13 @@ magnitudes: every pixel equal."""
 import numpy as np
 import pytest
 import torch
+from photos import photographs
 from PIL import Image
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.autoaugment import _apply_op
 
-from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment
 from dali_autoproxy.backends.torch_stage import augment
-from photos import photographs
+from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment
 
 CASES = [("ShearX", [0.3, -0.5]), ("ShearY", [0.2, -0.99]), ("TranslateX", [12.7, -20.0]), ("TranslateY", [5.0, -31.0]),
          ("Rotate", [30.0, -77.0, 135.0]), ("Brightness", [0.5, -0.3]), ("Color", [0.4, -0.99]),
@@ -55,8 +55,9 @@ def test_batched_tensor_color_jitter_equals_torchvision_per_image(api, dtype):
     RandomApply's skip rows: every value equal (uint8), or float rounding only (float32)."""
     import torchvision.transforms.functional as F1
     import torchvision.transforms.v2.functional as F2
-    from dali_autoproxy.plan.ir import TensorColorJitter
+
     from dali_autoproxy.backends.torch_stage import tensor_color_jitter
+    from dali_autoproxy.plan.ir import TensorColorJitter
     F = F2 if api == "v2" else F1
     adjust = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue]
     rng = np.random.default_rng(5)
@@ -99,8 +100,9 @@ def test_tensor_policy_operations_equal_torchvision_per_image(device, api, inter
     images, so that rotations by 90 degrees take torchvision's fast path: every value equal."""
     import torchvision.transforms.v2 as v2
     from torchvision.transforms.autoaugment import _apply_op
-    from dali_autoproxy.plan.ir import TensorAugment
+
     from dali_autoproxy.backends.torch_stage.tensor_policies import tensor_augment
+    from dali_autoproxy.plan.ir import TensorAugment
     photos = [np.asarray(Image.fromarray(p).convert("RGB").resize((120, 120))) for p in photographs()]
     rows, imgs = [], []
     for k, (name, mags) in enumerate(TENSOR_CASES):

@@ -17,13 +17,13 @@ import pytest
 import torch
 import torchvision
 import torchvision.transforms as T
+from helpers import image_folder, last_report
+from photos import MEAN, STD, jpeg_with_thumbnail, photographs
 from PIL import Image
+from test_fidelity import compare
 from torch.utils.data import DataLoader
 
 import dali_autoproxy
-from helpers import image_folder, last_report
-from photos import MEAN, STD, jpeg_with_thumbnail, photographs
-from test_fidelity import compare
 
 EVAL = lambda: T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])  # noqa: E731
 TRAIN = lambda: T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToTensor(),  # noqa: E731
@@ -140,7 +140,7 @@ def test_dali_failure_gives_pil_pixels_and_the_loader_goes_on(photo_root, monkey
     """A batch DALI cannot process arrives anyway, decoded by PIL and transformed by
     torchvision's functional ops with the params the worker drew (fault injected into DALI's
     output of one batch); later batches and epochs run on a rebuilt pipeline."""
-    from dali_autoproxy.backends.dali import pipeline
+    from dali_autoproxy.backends.dali import runner as pipeline
     real_collect = pipeline.DaliRunner.collect
     calls = {"n": 0}
 
@@ -236,7 +236,7 @@ def _tasks():
 
 
 def _live_pipelines():
-    from dali_autoproxy.backends.dali.pipeline import _live_pipelines
+    from dali_autoproxy.backends.dali.runner import _live_pipelines
     gc.collect()
     return len(_live_pipelines)
 
@@ -279,7 +279,8 @@ def test_interpreter_exit_with_live_loader_is_clean(photo_root, tmp_path):
         "import sys, torch, torchvision, torchvision.transforms as T\n"
         "import dali_autoproxy\n"
         "dali_autoproxy.enable(device='cpu')\n"
-        f"ds = torchvision.datasets.ImageFolder({photo_root!r}, transform=T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor()]))\n"
+        f"ds = torchvision.datasets.ImageFolder({photo_root!r},\n"
+        "    transform=T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor()]))\n"
         "loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)\n"
         "it = iter(loader); next(it)\n"
         "print('exiting', flush=True)\n")
@@ -401,7 +402,8 @@ def test_stuck_pipeline_ends_within_the_loader_timeout(photo_root, monkeypatch):
     the batch arrives through the CPU replay within seconds, and later batches run on a
     rebuilt pipeline. Nothing blocks forever."""
     import threading
-    from dali_autoproxy.backends.dali import pipeline
+
+    from dali_autoproxy.backends.dali import runner as pipeline
     release = threading.Event()
     real_build = pipeline.DaliRunner._build
     state = {"builds": 0}
@@ -456,6 +458,7 @@ def test_fast_jpeg_header_agrees_with_pil_or_defers(mixed_root):
     height goes to PIL's path, which raises); everything else it leaves to PIL."""
     import glob
     import io
+
     from dali_autoproxy.worker.deferred import plain_jpeg_header
     datas = [open(p, "rb").read() for p in sorted(glob.glob(f"{mixed_root[0]}/**/*.*", recursive=True))]
     datas += [make() for make in BAD_FILES.values()]

@@ -13,10 +13,9 @@ import torch
 import torchvision
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
-from PIL import Image
-
-from helpers import load_all, last_report
+from helpers import last_report, load_all
 from photos import make_photo_folder, photographs
+from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FILTERS = {"nearest": 0, "bilinear": 2, "bicubic": 3, "box": 4}
@@ -71,14 +70,14 @@ def test_pass_order_follows_pillow():
     pixels as the width; the two orders round differently, so the rule is checked on a case
     where they disagree."""
     import PIL
+
     from dali_autoproxy.backends.torch_stage.resample import vertical_first
     order = vertical_first(np.array([[300, 200], [300, 200]]), np.array([[50, 190], [290, 100]]))
     assert list(order) == ([True, False] if int(PIL.__version__.split(".")[0]) >= 13 else [False, False])
 
 
 def _triton_resize(x, ins, outs, kinds):
-    from dali_autoproxy.backends.torch_stage import resample
-    from dali_autoproxy.backends.torch_stage import _triton_resample
+    from dali_autoproxy.backends.torch_stage import _triton_resample, resample
     order = resample.vertical_first(ins, outs)
     return resample._by_order(lambda *a: resample._two_passes_triton(_triton_resample.resample_axis, *a),
                               x.to(DEVICE), ins, outs, kinds, order)
@@ -142,7 +141,8 @@ def test_resized_loaders_equal_plain_torchvision_border_included(photos_33, name
     """resize="pillow": the four loaders of the resampling issue and the chains around them,
     same seed and draws: 0 levels anywhere, and the policies after the crop exact too."""
     last = v2.PILToTensor() if name.startswith("v2") else T.PILToTensor()
-    ds = torchvision.datasets.ImageFolder(photos_33, (v2.Compose if name.startswith("v2") else T.Compose)(chain + [last]))
+    compose = v2.Compose if name.startswith("v2") else T.Compose
+    ds = torchvision.datasets.ImageFolder(photos_33, compose(chain + [last]))
     kw = dict(seed=11, shuffle=True, batch_size=8)
     ref = load_all(ds, autoproxy=False, **kw)
     out = load_all(ds, autoproxy=True, resize="pillow", **kw)

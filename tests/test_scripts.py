@@ -10,10 +10,10 @@ import torch
 import torchvision
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
-
-import dali_autoproxy
 from helpers import image_folder, last_report, load_all
 from test_fidelity import compare
+
+import dali_autoproxy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -6,13 +6,12 @@ import sys
 
 import pytest
 import torch
-
 from helpers import image_folder, last_report, load_all, why_not
 from test_fidelity import compare
 
 timm_data = pytest.importorskip("timm.data")
-from timm.data.transforms import MaybePILToTensor, RandomResizedCropAndInterpolation, ToNumpy  # noqa: E402
 import torchvision.transforms as T  # noqa: E402
+from timm.data.transforms import MaybePILToTensor, RandomResizedCropAndInterpolation, ToNumpy  # noqa: E402
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
@@ -58,6 +57,7 @@ def _seed_python_random(worker_id):
 
 def _drawn_rows(tf, n):
     import random
+
     from dali_autoproxy.plan.planning import build_plan
     plan = build_plan(tf)
     random.seed(0)
@@ -134,6 +134,7 @@ def test_timm_train_script_unchanged_decodes_on_dali(tmp_path, extra):
     ColorJitter 0.4): DALI_AUTOPROXY=1, and every image of the train loader decoded by DALI."""
     import os
     import shutil
+
     from photos import make_photo_folder
     for split in ("train", "validation"):
         make_photo_folder(str(tmp_path / split))

@@ -17,12 +17,32 @@ import torchvision.transforms.v2.functional as F2
 from PIL import Image
 from torchvision.transforms import InterpolationMode as M
 
-from dali_autoproxy.plan.ir import (AUGMENT_OPS, PERSPECTIVE_IDENTITY, Augment, Blur, ColorJitter, Crop, Erase, FastColorJitter, Flip,
-                 Grayscale, Normalize, Perspective, PillowResize, PixelOp, Resize, TensorAugment, TensorColorJitter, ToCHW, ToFloat,
-                 Warp, jitter_order)
+from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
+from dali_autoproxy.plan.ir import (
+    AUGMENT_OPS,
+    PERSPECTIVE_IDENTITY,
+    Augment,
+    Blur,
+    ColorJitter,
+    Crop,
+    Erase,
+    FastColorJitter,
+    Flip,
+    Grayscale,
+    Normalize,
+    Perspective,
+    PillowResize,
+    PixelOp,
+    Resize,
+    TensorAugment,
+    TensorColorJitter,
+    ToCHW,
+    ToFloat,
+    Warp,
+    jitter_order,
+)
 from dali_autoproxy.plan.kernel_table import KernelTable
 from dali_autoproxy.plan.planning import Plan
-from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
 from dali_autoproxy.plan.tv_internals import tensor_policy_operation
 
 # kernel(img, op, row, v2_step) -> img; img a PIL image or a CHW tensor; v2_step: the op comes

@@ -1,31 +1,42 @@
-"""Patching, in the manner of OpenTelemetry's BaseInstrumentor: an idempotent
-instrument()/uninstrument() pair and a record of every attribute patched.
+"""The DataLoader hooks, in the main process: what enable() and disable() turn on and off.
 
-Attributes are wrapped in place with wrapt, on the class itself, so a DataLoader imported
-with ``from torch.utils.data import DataLoader`` before enable() is patched too and
-``isinstance`` is unchanged. If torch is not imported yet, a post-import hook patches it
-when it is, so enabling at interpreter start-up does not import torch.
+``DataLoader.__init__`` decides per loader (``decision.py``) and ``_get_iterator`` hands back
+the proxied iterator (``iterator.py``); both through the patch ledger (``patches.py``), which
+records and undoes them. If torch is not imported yet, a post-import hook patches it when it
+is, so enabling at interpreter start-up imports neither torch nor DALI: this module imports
+only the ledger and the options, and the loader side (which imports torch) when a hook first
+runs. torch's and torchvision's versions are checked before patching.
 """
 from __future__ import annotations
 
+import importlib
+import sys
 import threading
 import weakref
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, List, Optional
 
 import wrapt
 
 from dali_autoproxy.config import Options, logger
+from dali_autoproxy.patches import ledger, unsupported
+from dali_autoproxy.plan import settings
 
 _DATALOADER_MODULE = "torch.utils.data.dataloader"
+ARM_A_REASON = "the plain arm (A) of dali-autoproxy ab: torchvision as the script wrote it, measured"
 
 
-_MISSING = object()
+def _loader_side():
+    """The main-process loader modules (they import torch and torchvision): loaded when a hook
+    first runs, which is after torch is imported, so that ``import dali_autoproxy`` stays light."""
+    return importlib.import_module("dali_autoproxy.main.iterator")
 
 
-class Instrumentor:
+class DataLoaderHooks:
+    """An idempotent instrument()/uninstrument() pair for torch's DataLoader, the per-loader
+    state and report rows, and the A/B command's switches (arm A measures only)."""
+
     def __init__(self) -> None:
         self.options: Optional[Options] = None
-        self._patched: List[Tuple[Any, str, Any]] = []  # (owner, attribute, original or _MISSING)
         self._hook_registered = False
         self._lock = threading.RLock()
         self.states: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -43,53 +54,37 @@ class Instrumentor:
         with self._lock:
             self.options = options  # a second enable() only updates the options
             self.proxy, self.recorder = proxy, recorder
-            from dali_autoproxy.plan.planning import SETTINGS
-            SETTINGS.update(fidelity=options.fidelity, resize=options.resize)
+            settings.configure(fidelity=options.fidelity, resize=options.resize)
             if not self._hook_registered:
                 wrapt.register_post_import_hook(self._patch_dataloader, _DATALOADER_MODULE)
                 self._hook_registered = True
             else:
-                import sys
                 module = sys.modules.get(_DATALOADER_MODULE)
                 if module is not None:
                     self._patch_dataloader(module)
 
     def uninstrument(self) -> None:
         with self._lock:
-            for owner, name, original in reversed(self._patched):
-                if original is _MISSING:
-                    delattr(owner, name)
-                else:
-                    setattr(owner, name, original)
-            self._patched.clear()
+            ledger.undo_all()
             self.options = None
-            from dali_autoproxy.plan.planning import DEFAULT_SETTINGS, SETTINGS
-            SETTINGS.update(DEFAULT_SETTINGS)
+            settings.reset()
             self.proxy, self.recorder = True, None
 
-    def wrap(self, owner: Any, name: str, wrapper: Callable) -> None:
-        """Wrap ``owner.name`` in place with a wrapt wrapper (once), recording the original; an
-        inherited attribute gets the wrapper on ``owner`` itself, removed again on undo."""
-        with self._lock:
-            own = owner.__dict__.get(name, _MISSING)
-            if isinstance(own, wrapt.FunctionWrapper):  # already ours
-                return
-            wrapt.wrap_function_wrapper(owner, name, wrapper)
-            self._patched.append((owner, name, own))
-
-    # -- patches
     def _patch_dataloader(self, module: Any) -> None:
         with self._lock:
             if not self.active:  # hook fired after disable()
                 return
-            self.wrap(module.DataLoader, "__init__", self._on_init)
-            self.wrap(module.DataLoader, "_get_iterator", self._on_get_iterator)
+            why = unsupported("torch") or unsupported("torchvision")
+            if why:
+                logger.warning("dali_autoproxy: not enabled: %s", why)
+                return
+            ledger.wrap(module.DataLoader, "__init__", self._on_init)
+            ledger.wrap(module.DataLoader, "_get_iterator", self._on_get_iterator)
 
     def state_for(self, loader: Any):
-        from dali_autoproxy.main.loader import LoaderState
         state = self.states.get(loader)
         if state is None:
-            state = LoaderState(loader)
+            state = _loader_side().LoaderState(loader)
             self.states[loader] = state
             self.records.append(state.record)
         return state
@@ -97,12 +92,10 @@ class Instrumentor:
     def _on_init(self, wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
         try:
-            from dali_autoproxy.main.loader import decide
             if self.active and not self.proxy:
-                self.state_for(instance).record.update(
-                    reason="the plain arm (A) of dali-autoproxy ab: torchvision as the script wrote it, measured")
+                self.state_for(instance).record.update(reason=ARM_A_REASON)
             elif self.active:
-                self.state_for(instance).update(decide(instance, self.options), self.options)
+                self.state_for(instance).update(_loader_side().decide(instance, self.options), self.options)
         except Exception:  # the shim must never break the user's script
             logger.debug("planning at DataLoader creation failed", exc_info=True)
         return result
@@ -111,16 +104,16 @@ class Instrumentor:
         options = self.options
         if options is None:
             return wrapped(*args, **kwargs)
-        from dali_autoproxy.main.loader import CountedIterator, make_iterator
+        side = _loader_side()
         state = self.state_for(instance)
         state.record["iterated"] = True
         if self.proxy:
-            iterator = make_iterator(wrapped, instance, state, options)
+            iterator = side.make_iterator(wrapped, instance, state, options)
         else:
-            iterator = CountedIterator(wrapped(*args, **kwargs), state.record, instance._auto_collation)
+            iterator = side.CountedIterator(wrapped(*args, **kwargs), state.record, instance._auto_collation)
         if self.recorder is not None:
             iterator = self.recorder.wrap(iterator, state.record)
         return iterator
 
 
-instrumentor = Instrumentor()
+instrumentor = DataLoaderHooks()

@@ -127,7 +127,8 @@ def jitter_order(host: np.ndarray, op) -> np.ndarray:
 @dataclass(frozen=True)
 class TensorColorJitter:
     """ColorJitter on a tensor image: torchvision's own tensor kernels (``api`` "v1" or "v2"),
-    batched with a factor per sample, in each sample's drawn order params[slot:slot+4] with factors params[slot+4:slot+8]
+    batched with a factor per sample, in each sample's drawn order params[slot:slot+4] with factors
+    params[slot+4:slot+8]
     (brightness, contrast, saturation, hue as torchvision's hue factor)."""
     placement: ClassVar[Placement] = Placement.TORCH
     slot: int
@@ -188,6 +189,7 @@ class Perspective:
 
 AUGMENT_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
                "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")
+GEOMETRIC_OPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")  # the policy operations that move pixels
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,8 @@ class ToCHW:
 
 
 Op = object  # one of the dataclasses above
-ALL_OPS: Tuple[type, ...] = (Crop, Resize, PillowResize, Flip, PixelOp, ColorJitter, FastColorJitter, TensorColorJitter, Grayscale, Blur, Erase,
+ALL_OPS: Tuple[type, ...] = (Crop, Resize, PillowResize, Flip, PixelOp, ColorJitter, FastColorJitter, TensorColorJitter,
+                             Grayscale, Blur, Erase,
                              Warp, Perspective, Augment, TensorAugment, ToFloat, Normalize, ToCHW)
 
 

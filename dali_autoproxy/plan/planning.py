@@ -8,7 +8,7 @@ The chains are found by walking the dataset's object graph: attributes, lists, t
 dicts, closures and ``functools.partial`` arguments, and the module globals that the dataset
 class's methods name. The walk decides whether a loader is worth proxying and which pipelines
 to build up front; the workers intercept every recognised chain wherever it is called
-(``intercept.py``), and a chain the walk missed announces its plan with its first batch.
+(``worker/chains.py``), and a chain the walk missed announces its plan with its first batch.
 """
 from __future__ import annotations
 
@@ -18,7 +18,17 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Iterator, List, Optional, Tuple
 
-from dali_autoproxy.plan.ir import ChainState, Op, Placement, SampleGeometry, Step, ToCHW, Unsupported, split_at_takeover
+from dali_autoproxy.plan.ir import (
+    ChainState,
+    Op,
+    Placement,
+    SampleGeometry,
+    Step,
+    ToCHW,
+    Unsupported,
+    split_at_takeover,
+)
+from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.translate import flatten, is_chain, lookup, transform_name
 
 Path = Tuple[Any, ...]  # how a chain was reached from the loader's dataset (for messages)
@@ -221,12 +231,6 @@ def _ends_as_pil(prefix: List[Any]) -> bool:
         except Unsupported:
             pass
     return state.kind == "pil"
-
-
-DEFAULT_SETTINGS = {"fidelity": "exact", "resize": "dali"}
-# enable(fidelity=..., resize=...): set in the main process; the workers get them from the loader's
-# worker_init_fn (intercept.WorkerInstaller), so spawned workers plan as the main process does
-SETTINGS = dict(DEFAULT_SETTINGS)
 
 
 def build_plan(transform: Any) -> Plan:

@@ -50,8 +50,8 @@ def child_main(argv: List[str]) -> int:
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
     from dali_autoproxy.config import configure_logging, resolve_options
-    from dali_autoproxy.tools.measure import Recorder, StopAB
     from dali_autoproxy.main.hooks import instrumentor
+    from dali_autoproxy.tools.measure import Recorder, StopAB
     recorder = Recorder(a.arm, a.out, a.batches, a.seconds, a.warmup)
     options = resolve_options()
     configure_logging(options.log_level)

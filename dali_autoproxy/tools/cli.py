@@ -11,7 +11,6 @@ import runpy
 import sys
 from typing import List, Optional
 
-
 DESCRIPTION = ("Run a PyTorch training script with its DataLoaders' JPEG decoding and torchvision "
                "transforms moved onto NVIDIA DALI (run), compare it plain and with autoproxy (ab), "
                "or try it on a generated dataset (demo).")

@@ -66,10 +66,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    import torch
+
+    from dali_autoproxy.main.decision import dali_import_error
     from dali_autoproxy.tools import ab
     from dali_autoproxy.tools.corpus import make_corpus
-    from dali_autoproxy.main.loader import dali_import_error
-    import torch
     if dali_import_error():
         print(f"dali-autoproxy demo: {dali_import_error()}; install it with pip install 'dali-autoproxy[dali]'",
               file=sys.stderr)

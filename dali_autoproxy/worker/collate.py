@@ -1,4 +1,5 @@
-"""Custom collate functions, with their semantics unchanged: they run on DALI's tensors.
+"""Collating in a proxied loader's workers: proxied samples packed for DALI, a user's collate
+deferred to the main process with its random states (its main-process half: ``main/collate.py``).
 
 A user's ``collate_fn`` (MixUp/CutMix on the collated batch, timm's ``fast_collate``, a
 detection-style ``tuple(zip(*batch))``, one that drops samples) needs real images, which only
@@ -27,55 +28,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data._utils.collate import default_collate_fn_map
 
 from dali_autoproxy.config import logger
-from dali_autoproxy.transport import ProxyBatch, ProxySample, collate_proxy_samples
-
-Path = Tuple[Any, ...]
-
-
-class Slot:
-    """Where a proxied image goes back: row ``row`` of the ``batch``-th ProxyBatch."""
-    __slots__ = ("batch", "row")
-
-    def __init__(self, batch: int, row: int):
-        self.batch, self.row = batch, row
+from dali_autoproxy.transport import ProxyBatch, ProxyCollated, ProxyGroup, ProxySample, Slot
+from dali_autoproxy.tree import Path, flatten, map_leaves, unflatten
 
 
-class ProxyCollated:
-    """What a worker sends in place of the user's collated batch."""
-
-    def __init__(self, samples: List[Any], batches: List[ProxyBatch], rng: tuple):
-        self.samples = samples   # the dataset's samples, proxied images replaced by Slots
-        self.batches = batches   # one ProxyBatch per position holding proxied images
-        self.rng = rng           # the worker's (torch, random, numpy) states before the collate
-
-    def __repr__(self) -> str:
-        return f"ProxyCollated({len(self.samples)} samples, {self.batches!r})"
-
-
-def _map(obj: Any, fn: Callable[[Path, Any], Any], path: Path = ()) -> Any:
-    """``obj`` rebuilt with ``fn(path, leaf)`` for each ProxySample leaf (tuples, lists, dicts,
-    namedtuples followed as default_collate follows them)."""
-    if isinstance(obj, ProxySample):
-        return fn(path, obj)
-    if isinstance(obj, tuple):
-        items = [_map(x, fn, path + (i,)) for i, x in enumerate(obj)]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    if isinstance(obj, list):
-        return [_map(x, fn, path + (i,)) for i, x in enumerate(obj)]
-    if isinstance(obj, dict):
-        return _same_mapping(obj, {k: _map(v, fn, path + (k,)) for k, v in obj.items()})
-    return obj
-
-
-def _same_mapping(like: dict, items: dict) -> dict:
-    if type(like) is dict:
-        return items
-    try:
-        return type(like)(items)
-    except TypeError:  # a mapping type that cannot be built from a dict: as default_collate, a dict
-        return items
+def _is_proxy(x: Any) -> bool:
+    return isinstance(x, ProxySample)
 
 
 def _standin(path: Path, s: ProxySample) -> torch.Tensor:
@@ -84,11 +46,12 @@ def _standin(path: Path, s: ProxySample) -> torch.Tensor:
     return torch.empty(s.shape, dtype=s.dtype, device="meta")
 
 
-def _rng_states() -> tuple:
+def rng_states() -> tuple:
+    """The worker's random states that a collate may draw from (torch, Python, numpy)."""
     return torch.get_rng_state(), random.getstate(), np.random.get_state()
 
 
-def _set_rng_states(states: tuple) -> None:
+def set_rng_states(states: tuple) -> None:
     torch.set_rng_state(states[0])
     random.setstate(states[1])
     np.random.set_state(states[2])
@@ -103,7 +66,7 @@ class CollateInMain:
         self._warned = False
 
     def __call__(self, samples: List[Any]) -> Any:
-        rng = _rng_states()
+        rng = rng_states()
         positions: Dict[Path, List[ProxySample]] = {}
         order: List[Path] = []
 
@@ -115,13 +78,13 @@ class CollateInMain:
                 order.append(path)
             positions[path].append(s)
             return Slot(order.index(path), len(positions[path]) - 1)
-        skeleton = [_map(sample, collect) for sample in samples]
+        skeleton = [map_leaves(sample, collect, _is_proxy) for sample in samples]
         if not positions:  # nothing proxied in this batch: the user's collate, as plain
-            return self.user_collate([_map(sample, _standin) for sample in samples])
+            return self.user_collate([map_leaves(sample, _standin, _is_proxy) for sample in samples])
         try:
-            self.user_collate([_map(sample, _standin) for sample in samples])
+            self.user_collate([map_leaves(sample, _standin, _is_proxy) for sample in samples])
         except Exception as exc:  # it reads pixel values: the real call in the main process stays
-            info = torch.utils.data.get_worker_info()
+            info = get_worker_info()
             if not self._warned and (info is None or info.id == 0):  # once per loader, not per worker
                 self._warned = True
                 logger.info("dali_autoproxy: collate_fn %s cannot run on shape-only stand-ins (%s: %s); it "
@@ -132,71 +95,25 @@ class CollateInMain:
         return ProxyCollated(skeleton, batches, rng)
 
 
-def finish(pc: ProxyCollated, outputs: List[List[torch.Tensor]], user_collate: Callable[[List[Any]], Any]) -> Any:
-    """In the main process: the samples with DALI's tensors in place, through the user's
-    collate under the worker's random states (the main process's own are kept)."""
-    def fill(obj: Any) -> Any:
-        if isinstance(obj, Slot):
-            return outputs[obj.batch][obj.row]
-        if isinstance(obj, tuple):
-            items = [fill(x) for x in obj]
-            return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-        if isinstance(obj, list):
-            return [fill(x) for x in obj]
-        if isinstance(obj, dict):
-            return _same_mapping(obj, {k: fill(v) for k, v in obj.items()})
-        return obj
-    samples = [fill(s) for s in pc.samples]
-    own = _rng_states()
-    _set_rng_states(pc.rng)
-    try:
-        return user_collate(samples)
-    finally:
-        _set_rng_states(own)
-
-
-def _timm_fast_collate(original: Callable) -> Callable:
-    """timm's fast_collate copies each uint8 image into a CPU batch (for its PrefetchLoader to
-    upload again): with DALI's images already on the GPU, the same batch is one stack there."""
-    from torch.utils.data import default_collate
-
-    def fast_collate_on_device(batch: List[Any]) -> Any:
-        images = [b[0] for b in batch]
-        if not (isinstance(batch[0], tuple) and all(isinstance(x, torch.Tensor) and x.dtype == torch.uint8
-                                                     for x in images)):
-            return original(batch)  # numpy or multi-view inputs: timm's own code
-        targets = default_collate([b[1] for b in batch])
-        return torch.stack(images), targets.long() if targets.ndim == 1 else targets
-    return fast_collate_on_device
-
-
-# collate functions with a faster equivalent on DALI's device, by qualified name (never imported)
-ON_DEVICE = {"timm.data.loader.fast_collate": _timm_fast_collate}
-
-
-def on_device(collate: Callable) -> Callable:
-    """The collate to run in the main process: the user's, or its on-device equivalent."""
-    name = f"{getattr(collate, '__module__', '')}.{getattr(collate, '__qualname__', '')}"
-    return ON_DEVICE[name](collate) if name in ON_DEVICE else collate
-
-
 def mixed_to_samples(data: List[Any]) -> List[Any]:
     """Where some samples hold a ProxySample and others a plain tensor at the same place (a
     chain taken over for some samples only), the tensors become finished ProxySamples so that
-    default_collate batches them together."""
-    def fix(items: List[Any]) -> List[Any]:
-        first = items[0]
-        if any(isinstance(x, ProxySample) for x in items):
-            return [ProxySample("", done=x) if isinstance(x, torch.Tensor) else x for x in items]
-        if isinstance(first, dict):
-            columns = {k: fix([x[k] for x in items]) for k in first}
-            return [_same_mapping(x, {k: columns[k][i] for k in first}) for i, x in enumerate(items)]
-        if isinstance(first, (list, tuple)) and all(len(x) == len(first) for x in items):
-            columns = [fix([x[j] for x in items]) for j in range(len(first))]
-            rows = [[c[i] for c in columns] for i in range(len(items))]
-            return [type(x)(*r) if hasattr(x, "_fields") else type(x)(r) for x, r in zip(items, rows)]
-        return items
-    return fix(data) if data else data
+    default_collate batches them together. Samples of different shapes are left as they are."""
+    if not data:
+        return data
+    flat = [flatten(x) for x in data]
+    spec = flat[0][1]
+    if any(s != spec for _, s in flat):
+        return data
+    columns = list(zip(*[leaves for leaves, _ in flat])) if flat[0][0] else []
+    mixed = [any(isinstance(x, ProxySample) for x in col) for col in columns]
+    if not any(mixed):
+        return data
+    out = []
+    for leaves, s in flat:
+        leaves = [ProxySample("", done=x) if m and isinstance(x, torch.Tensor) else x for x, m in zip(leaves, mixed)]
+        out.append(unflatten(s, leaves))
+    return out
 
 
 class DefaultCollate:
@@ -204,24 +121,63 @@ class DefaultCollate:
     samples at one place (default_collate picks its handler from the first sample only)."""
 
     def __call__(self, data: List[Any]) -> Any:
-        from torch.utils.data import default_collate
         try:
             return default_collate(data)
         except TypeError:
             return default_collate(mixed_to_samples(data))
 
 
-def find_proxy_batches(obj: Any, found: List[ProxyBatch]) -> Optional[ProxyCollated]:
-    """Collect a batch's ProxyBatches (those of a ProxyCollated too)."""
-    if isinstance(obj, ProxyCollated):
-        found.extend(obj.batches)
-        return obj
-    if isinstance(obj, ProxyBatch):
-        found.append(obj)
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            find_proxy_batches(item, found)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            find_proxy_batches(item, found)
-    return None
+# ----------------------------------------------------------------------------- packing
+def _uint8_buffer(nbytes: int) -> torch.Tensor:
+    """In a worker, allocate straight in shared memory, so sending it copies nothing."""
+    if get_worker_info() is not None:
+        storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
+        return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,))
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def _pack(key: str, kind: str, indices: List[int], samples: List[ProxySample]) -> ProxyGroup:
+    payloads = [s.payload for s in samples]
+    sizes = np.fromiter((p.nbytes for p in payloads), dtype=np.int64, count=len(payloads))
+    offsets = np.zeros(len(payloads) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    buf = _uint8_buffer(int(offsets[-1]))
+    flat = buf.numpy()
+    for p, start, end in zip(payloads, offsets[:-1], offsets[1:]):
+        flat[start:end] = p.reshape(-1)
+    shapes = None
+    if payloads and payloads[0].ndim == 3:
+        shapes = np.array([p.shape for p in payloads], dtype=np.int64)
+    params = np.array([s.params for s in samples], dtype=np.float64).reshape(len(samples), -1)
+    plan = next((s.plan for s in samples if s.plan is not None), None)
+    return ProxyGroup(key, kind, indices, buf, offsets, shapes, params, [s.path for s in samples], plan)
+
+
+def collate_proxy_samples(batch: List[Any], *, collate_fn_map: Optional[Dict] = None) -> ProxyBatch:
+    """default_collate's handler for ProxySample (registered below, in every process). A plain
+    tensor among them (a sample whose chain was not taken over) joins as a finished result."""
+    by_plan: Dict[Tuple[str, str], List[int]] = {}
+    done_indices: List[int] = []
+    done: List[torch.Tensor] = []
+    why: Dict[str, int] = {}
+    for i, s in enumerate(batch):
+        if isinstance(s, torch.Tensor):
+            done_indices.append(i)
+            done.append(s)
+            continue
+        if not isinstance(s, ProxySample):
+            raise TypeError(f"dali_autoproxy: cannot batch a proxied sample with {type(s).__name__}")
+        if s.why is not None:
+            why[s.why] = why.get(s.why, 0) + 1
+        if s.done is not None:
+            done_indices.append(i)
+            done.append(s.done)
+        else:
+            by_plan.setdefault((s.key, s.kind), []).append(i)
+    groups = [_pack(key, kind, idx, [batch[i] for i in idx]) for (key, kind), idx in by_plan.items()]
+    if len(done) > 1 and all(d.shape == done[0].shape for d in done):
+        done = [torch.stack(done)]  # one tensor, one file descriptor
+    return ProxyBatch(len(batch), groups, done_indices, done, why)
+
+
+default_collate_fn_map[ProxySample] = collate_proxy_samples

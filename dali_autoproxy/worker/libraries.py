@@ -15,7 +15,10 @@ import io
 import sys
 from typing import Any, Callable, List, Tuple
 
+from PIL import Image
+
 from dali_autoproxy.worker.deferred import DeferredJpeg, dali_decodable
+from dali_autoproxy.worker.routing import routing_active
 
 
 def _rgb_jpeg(data: Any, path: Any = None) -> Any:
@@ -31,7 +34,6 @@ def _rgb_jpeg(data: Any, path: Any = None) -> Any:
 def webdataset_image(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """``webdataset.autodecode.ImageHandler.__call__(key, data)``: for the "pil"/"pilrgb" specs
     the library returns ``Image.open(data)``, loaded, converted to RGB."""
-    from dali_autoproxy.worker.intercept import routing_active
     if routing_active() and len(args) == 2 and not kwargs and instance.imagespec in ("pil", "pilrgb"):
         key, data = args
         if key.rsplit(".", 1)[-1].lower() in instance.extensions:
@@ -44,7 +46,6 @@ def webdataset_image(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
 def hf_image(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """``datasets.features.Image.decode_example(value)``: the library opens the bytes (or the
     local file), loads them, applies EXIF orientation, converts to the feature's mode."""
-    from dali_autoproxy.worker.intercept import routing_active
     value = args[0] if args else kwargs.get("value")
     if routing_active() and isinstance(value, dict) and instance.mode in (None, "RGB"):
         data, path = value.get("bytes"), value.get("path")
@@ -61,7 +62,6 @@ def hf_image(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _has_orientation(data: bytes) -> bool:
-    from PIL import Image
     with Image.open(io.BytesIO(data)) as header:  # the header only: no pixels decoded
         return header.getexif().get(0x0112) is not None
 

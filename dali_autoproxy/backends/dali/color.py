@@ -8,8 +8,8 @@ the worker instead.
 """
 from __future__ import annotations
 
-from nvidia.dali import fn, types
 import nvidia.dali.math as dmath
+from nvidia.dali import fn, types
 
 
 def split_rgb(img):

@@ -22,7 +22,16 @@ from typing import List, Sequence, Union
 import numpy as np
 import torch
 
-from dali_autoproxy.backends.torch_stage import color, filters, geometry, policies, resample, tensor, tensor_jitter, tensor_policies  # noqa: F401  (kernels)
+from dali_autoproxy.backends.torch_stage import (  # noqa: F401  (kernels)
+    color,
+    filters,
+    geometry,
+    policies,
+    resample,
+    tensor,
+    tensor_jitter,
+    tensor_policies,
+)
 from dali_autoproxy.backends.torch_stage.color import hue_tables
 from dali_autoproxy.backends.torch_stage.geometry import perspective, warp
 from dali_autoproxy.backends.torch_stage.policies import augment

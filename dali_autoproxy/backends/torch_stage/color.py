@@ -8,9 +8,9 @@ from typing import Tuple
 import numpy as np
 import torch
 
-from dali_autoproxy.plan.ir import ColorJitter, Grayscale, PixelOp, jitter_order
 from dali_autoproxy.backends.torch_stage import fused_color
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
+from dali_autoproxy.plan.ir import ColorJitter, Grayscale, PixelOp, jitter_order
 
 
 def luma(x: torch.Tensor) -> torch.Tensor:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as nnf
 
-from dali_autoproxy.plan.ir import Blur
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel
+from dali_autoproxy.plan.ir import Blur
 
 
 def gaussian_blur(x: torch.Tensor, op: Blur, params: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from dali_autoproxy.plan.ir import PERSPECTIVE_IDENTITY, Flip, Perspective, Warp
 from dali_autoproxy.backends.torch_stage.registry import Batch, constant, kernel, update_rows, upload
+from dali_autoproxy.plan.ir import PERSPECTIVE_IDENTITY, Flip, Perspective, Warp
 
 
 def _coord(v):

@@ -28,8 +28,8 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from dali_autoproxy.plan.ir import PILLOW_FILTERS, Crop, PillowResize
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, upload
+from dali_autoproxy.plan.ir import PILLOW_FILTERS, Crop, PillowResize
 
 NEAREST, BILINEAR, BICUBIC, BOX = (PILLOW_FILTERS[k] for k in ("nearest", "bilinear", "bicubic", "box"))
 _SUPPORT = {BOX: 0.5, BILINEAR: 1.0, BICUBIC: 2.0}

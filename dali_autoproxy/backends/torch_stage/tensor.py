@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from dali_autoproxy.plan.ir import Erase, Normalize, ToCHW, ToFloat
 from dali_autoproxy.backends.torch_stage.registry import Batch, constant, kernel
+from dali_autoproxy.plan.ir import Erase, Normalize, ToCHW, ToFloat
 
 
 def erase(x: torch.Tensor, op: Erase, params: torch.Tensor) -> torch.Tensor:

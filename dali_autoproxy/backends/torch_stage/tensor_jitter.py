@@ -7,10 +7,10 @@ import functools
 import numpy as np
 import torch
 
-from dali_autoproxy.plan.ir import TensorColorJitter, jitter_order
-from dali_autoproxy.plan.tv_internals import tensor_jitter_module
 from dali_autoproxy.backends.torch_stage import fused_color
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
+from dali_autoproxy.plan.ir import TensorColorJitter, jitter_order
+from dali_autoproxy.plan.tv_internals import tensor_jitter_module
 
 
 @functools.lru_cache(maxsize=None)

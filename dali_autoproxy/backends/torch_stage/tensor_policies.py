@@ -19,12 +19,11 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from dali_autoproxy.plan.ir import AUGMENT_OPS, TensorAugment
-from dali_autoproxy.plan.tv_internals import tensor_policy_operation, v2_grid_functions
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_jitter_kernels
+from dali_autoproxy.plan.ir import AUGMENT_OPS, GEOMETRIC_OPS, TensorAugment
+from dali_autoproxy.plan.tv_internals import tensor_policy_operation, v2_grid_functions
 
-_GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
 _PER_SAMPLE = ("Brightness", "Color", "Contrast", "Sharpness", "Posterize", "Solarize")
 
 
@@ -111,7 +110,8 @@ def tensor_augment(x: torch.Tensor, op: TensorAugment, host, integer: bool) -> t
         name = AUGMENT_OPS[code]
         if name == "Identity":
             continue
-        if batched and name in _GEOMETRIC and _v2_grid(name, float(m), x.shape[-2], x.shape[-1], str(x.device)) is not None:
+        geometric = batched and name in GEOMETRIC_OPS
+        if geometric and _v2_grid(name, float(m), x.shape[-2], x.shape[-1], str(x.device)) is not None:
             key = ("geometric",)
         elif batched and name in _PER_SAMPLE:
             key = (name,)

@@ -1,144 +1,19 @@
-"""Converter registry: one small converter per torchvision transform type, v1 and v2.
+"""Translating torchvision transforms into IR ops: the registry (``registry.py``) and one
+converter module per family, each registering its converters when imported (here, so that
+importing the package is having every converter)."""
+from dali_autoproxy.plan.translate import affine, color, compose, filters, geometry, policies, tensor, timm  # noqa: F401,E402  (registration)
+from dali_autoproxy.plan.translate.registry import (
+                                                    Converter,
+                                                    coin_drawer,
+                                                    compose_types,
+                                                    flatten,
+                                                    is_chain,
+                                                    lookup,
+                                                    register,
+                                                    register_equivalent,
+                                                    transform_name,
+                                                    v2_params,
+)
 
-A converter is ``fn(transform, state, alloc) -> Step``. It reads the transform's
-parameters, checks them against ``state`` (what torchvision would hold at that point),
-raises :class:`~dali_autoproxy.plan.ir.Unsupported` with a precise reason when DALI cannot
-match torchvision, and returns the ops plus a drawer that runs in the worker. ``alloc(n)``
-reserves n int32 slots in the per-sample params row.
-
-Types are matched exactly (a user's subclass may override ``forward``), as v2 does with
-its kernel registry.
-"""
-from __future__ import annotations
-
-from typing import Callable, Dict, List, Optional, Tuple
-
-from dali_autoproxy.plan.ir import ChainState, Step, Unsupported
-
-Converter = Callable[..., Step]
-_REGISTRY: Dict[type, Converter] = {}
-_NAMED: Dict[str, Converter] = {}  # "module.QualName" of optional libraries' classes (never imported)
-
-
-def register(*types: type) -> Callable[[Converter], Converter]:
-    """Register ``fn`` as the converter of these transform types (exact types; once each)."""
-    def deco(fn: Converter) -> Converter:
-        for t in types:
-            if t in _REGISTRY:
-                raise ValueError(f"{t.__module__}.{t.__qualname__} already has a converter")
-            _REGISTRY[t] = fn
-        return fn
-    return deco
-
-
-def register_named(*names: str) -> Callable[[Converter], Converter]:
-    """Register by qualified class name, so that a library (timm) is recognised when a user
-    has it and never imported by us when they do not."""
-    def deco(fn: Converter) -> Converter:
-        for name in names:
-            if name in _NAMED:
-                raise ValueError(f"{name} already has a converter")
-            _NAMED[name] = fn
-        return fn
-    return deco
-
-
-def _converter(cls: type):
-    return _REGISTRY.get(cls) or _NAMED.get(f"{cls.__module__}.{cls.__qualname__}")
-
-
-def lookup(transform: object) -> Converter:
-    _load_converters()
-    conv = _converter(type(transform))
-    if conv is None:
-        raise Unsupported(f"{type(transform).__module__}.{type(transform).__qualname__} "
-                          "has no DALI translation")
-    return conv
-
-
-_loaded = False
-
-
-def _load_converters() -> None:
-    """Import the converter modules (they import torchvision) on first use."""
-    global _loaded
-    if not _loaded:
-        from dali_autoproxy.plan.translate import affine, color, compose, filters, geometry, policies, tensor, timm  # noqa: F401  (registration side effects)
-        _loaded = True
-
-
-def compose_types() -> Tuple[type, ...]:
-    """torchvision's Compose classes (v1, and v2 where this torchvision has it)."""
-    import torchvision.transforms as T
-    try:
-        import torchvision.transforms.v2 as v2
-        return (T.Compose, v2.Compose)
-    except ImportError:  # pragma: no cover - torchvision without v2
-        return (T.Compose,)
-
-
-def is_chain(obj: object) -> bool:
-    """A transform chain autoproxy may take over where it is called: a torchvision Compose or a
-    transform it has a converter for (a user's registered equivalent included)."""
-    if type(obj) in compose_types():
-        return True
-    _load_converters()
-    return _converter(type(obj)) is not None
-
-
-def flatten(transform: object) -> List[object]:
-    """Unroll nested Compose (v1 and v2) into a flat list of transforms."""
-    if type(transform) in compose_types():
-        out: List[object] = []
-        for t in transform.transforms:
-            out.extend(flatten(t))
-        return out
-    return [transform]
-
-
-def register_equivalent(cls: type, to_torchvision: Optional[Callable[[object], object]] = None):
-    """Declare a transform class of your own equivalent to torchvision transforms, so a chain
-    holding it moves to DALI whole. ``to_torchvision(instance)`` returns the torchvision
-    transform (or Compose) to translate in its place; its random draws are torchvision's.
-    Usable as a decorator: ``@register_equivalent(MyBlur)`` on ``def f(t): return T.GaussianBlur(...)``.
-    Register at import time of the module that defines the class, so spawned workers have it too."""
-    if to_torchvision is None:
-        return lambda fn: register_equivalent(cls, fn)
-
-    def convert(t, state: ChainState, alloc) -> Step:
-        steps = [lookup(x)(x, state, alloc) for x in flatten(to_torchvision(t))]
-        draws = [s.draw for s in steps if s.draw is not None]
-
-        def draw(g) -> None:
-            for d in draws:
-                d(g)
-        neutral = None if any(s.neutral is None for s in steps) else [v for s in steps for v in s.neutral]
-        return Step(transform_name(t), [op for s in steps for op in s.ops], draw if draws else None, neutral)
-    register(cls)(convert)
-    return to_torchvision
-
-
-def coin_drawer(p: float):
-    """The draw of every "apply with probability p" transform: one ``torch.rand(1)`` per call,
-    as torchvision makes it (v1 applies when it is < p, v2 skips when it is >= p: the same
-    outcome); appends the 0/1 decision to the sample's params."""
-    import torch
-
-    def draw(g) -> None:
-        g.params.append(int(bool(torch.rand(1) < p)))
-    return draw
-
-
-def v2_params(t: object) -> Callable:
-    """A v2 transform's parameter method (``make_params`` since torchvision 0.21, ``_get_params``
-    before); called with ``[standin]`` it makes the very RNG calls v2's forward makes."""
-    return getattr(t, "make_params", None) or getattr(t, "_get_params")
-
-
-def transform_name(t: object) -> str:
-    mod = type(t).__module__
-    prefix = "v2." if ".v2" in mod else ""
-    return prefix + type(t).__name__
-
-
-__all__ = ["register", "register_named", "register_equivalent", "lookup", "flatten", "is_chain", "compose_types", "transform_name", "coin_drawer", "v2_params", "ChainState", "Step", "Unsupported"]
+__all__ = ["Converter", "register", "register_equivalent", "lookup", "flatten", "is_chain", "compose_types",
+           "transform_name", "coin_drawer", "v2_params"]

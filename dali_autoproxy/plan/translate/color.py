@@ -9,10 +9,20 @@ from __future__ import annotations
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-from dali_autoproxy.plan.ir import (ChainState, ColorJitter as ColorJitterOp, FastColorJitter, Grayscale as GrayscaleOp, PixelOp,
-                  Step, TensorColorJitter, Unsupported)
+from dali_autoproxy.plan.ir import (
+    AUGMENT_OPS,
+    Augment,
+    ChainState,
+    FastColorJitter,
+    PixelOp,
+    Step,
+    TensorColorJitter,
+    Unsupported,
+)
+from dali_autoproxy.plan.ir import ColorJitter as ColorJitterOp
+from dali_autoproxy.plan.ir import Grayscale as GrayscaleOp
+from dali_autoproxy.plan.translate.registry import coin_drawer, register, transform_name, v2_params
 from dali_autoproxy.plan.tv_internals import tensor_jitter_module
-from dali_autoproxy.plan.translate import coin_drawer, register, transform_name, v2_params
 
 
 def _uint8_only(t, state: ChainState) -> None:
@@ -134,7 +144,6 @@ def random_grayscale(t, state: ChainState, alloc) -> Step:
 
 def _policy_op(t, state: ChainState, alloc, name: str, magnitude: float) -> Step:
     """A single policy operation applied with probability p (the torch stage's exact kernels)."""
-    from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment
     _pil_rgb_only(t, state)
     slot = alloc(2)
     coin = coin_drawer(float(t.p))

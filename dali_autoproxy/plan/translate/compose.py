@@ -14,7 +14,7 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
 from dali_autoproxy.plan.ir import ChainState, Step, Unsupported
-from dali_autoproxy.plan.translate import flatten, lookup, register, transform_name
+from dali_autoproxy.plan.translate.registry import flatten, lookup, register, transform_name
 
 
 @register(T.RandomApply, v2.RandomApply)

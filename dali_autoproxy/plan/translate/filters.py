@@ -10,7 +10,7 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
 from dali_autoproxy.plan.ir import Blur, ChainState, Step, Unsupported
-from dali_autoproxy.plan.translate import register, transform_name, v2_params
+from dali_autoproxy.plan.translate.registry import register, transform_name, v2_params
 
 
 @register(T.GaussianBlur, v2.GaussianBlur)

@@ -16,10 +16,10 @@ import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
 from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment, ChainState, Step, TensorAugment, Unsupported
-from dali_autoproxy.plan.tv_internals import tensor_policy_operation, v2_grid_functions
-from dali_autoproxy.plan.translate import register, transform_name
 from dali_autoproxy.plan.translate.affine import pil_fill, pil_resample
 from dali_autoproxy.plan.translate.geometry import as_mode
+from dali_autoproxy.plan.translate.registry import register, transform_name
+from dali_autoproxy.plan.tv_internals import tensor_policy_operation, v2_grid_functions
 
 
 def _policy_fill(t, state: ChainState):

@@ -11,7 +11,7 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
 from dali_autoproxy.plan.ir import ChainState, Erase, Normalize, Step, ToCHW, ToFloat, Unsupported
-from dali_autoproxy.plan.translate import register, transform_name, v2_params
+from dali_autoproxy.plan.translate.registry import register, transform_name, v2_params
 
 _FLOATS = (torch.float32,)
 

@@ -7,13 +7,13 @@ resized_crop does; the conversions map onto the torchvision ones they equal.
 from __future__ import annotations
 
 from dali_autoproxy.plan.ir import ChainState, Crop, Resize, Step, ToCHW, ToFloat, Unsupported
-from dali_autoproxy.plan.translate import register_named, transform_name
 from dali_autoproxy.plan.translate.geometry import exact_resize_step, pillow_kind, resample_mode
+from dali_autoproxy.plan.translate.registry import register, transform_name
 
 _M = "timm.data.transforms."
 
 
-@register_named(_M + "RandomResizedCropAndInterpolation")
+@register(_M + "RandomResizedCropAndInterpolation")
 def random_resized_crop_and_interpolation(t, state: ChainState, alloc) -> Step:
     """timm's train crop; ``interpolation='random'`` (its train.py default) draws bilinear or
     bicubic per image with ``random.choice``, after the box, as timm's ``__call__`` does: the
@@ -52,14 +52,14 @@ def _from_pil(t, state: ChainState, dtype: str, ops) -> Step:
     return Step(transform_name(t), ops)
 
 
-@register_named(_M + "MaybeToTensor")
+@register(_M + "MaybeToTensor")
 def maybe_to_tensor(t, state: ChainState, alloc) -> Step:
     if state.kind == "tensor":
         return Step(transform_name(t), [], neutral=[])  # passes tensors through
     return _from_pil(t, state, "float32", [ToFloat(1.0 / 255.0, divide=True), ToCHW()])
 
 
-@register_named(_M + "MaybePILToTensor", _M + "ToNumpy")
+@register(_M + "MaybePILToTensor", _M + "ToNumpy")
 def maybe_pil_to_tensor(t, state: ChainState, alloc) -> Step:
     """ToNumpy's CHW uint8 array becomes the same tensor in default_collate."""
     if state.kind == "tensor" and t.__class__.__name__ == "MaybePILToTensor":
@@ -67,7 +67,7 @@ def maybe_pil_to_tensor(t, state: ChainState, alloc) -> Step:
     return _from_pil(t, state, "uint8", [ToCHW()])
 
 
-@register_named(_M + "ToTensor")
+@register(_M + "ToTensor")
 def to_tensor_unscaled(t, state: ChainState, alloc) -> Step:
     import torch
     if t.dtype != torch.float32:
@@ -75,7 +75,7 @@ def to_tensor_unscaled(t, state: ChainState, alloc) -> Step:
     return _from_pil(t, state, "float32", [ToFloat(1.0), ToCHW()])
 
 
-@register_named(_M + "ResizeKeepRatio", _M + "CenterCropOrPad", _M + "RandomCropOrPad", _M + "RandomPad",
+@register(_M + "ResizeKeepRatio", _M + "CenterCropOrPad", _M + "RandomCropOrPad", _M + "RandomPad",
                 _M + "TrimBorder", "timm.data.random_erasing.RandomErasing")
 def timm_untranslated(t, state: ChainState, alloc) -> Step:
     raise Unsupported(f"timm's {type(t).__name__} is not translated")

@@ -1,41 +1,27 @@
-"""Pipeline building: lowering a plan's ops to one DALI pipeline, and running it.
-
-Fusions, because each saves a full pass over the image:
-- the first crop of an encoded input becomes a region-of-interest decode
-  (``decoders.image_slice``): only the crop is decoded, as hand-written DALI code does
-  (on the GPU where its nvJPEG can upsample chroma as Pillow does there: nvjpeg.py);
-- the trailing flip / to-float / normalise / HWC->CHW run becomes one
-  ``crop_mirror_normalize``.
-Everything per sample (crop boxes, sizes, flip flags) arrives through external sources.
+"""Running one DALI pipeline per (plan, input kind) in the main process: batches go in with
+``submit`` and come out, in order, with ``collect``; one thread per pipeline touches it, as
+DALI's own proxy server does. Its lifetime: the loader's state keeps idle runners between
+epochs and closes them when the loader goes (``close()``); a forked worker never tears down a
+pipeline it inherited.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
 import os
-import weakref
 import queue
 import threading
-from typing import List, Optional, Sequence, Tuple, Union
+import weakref
+from typing import List, Optional, Union
 
-import numpy as np
 import torch
 
-from dali_autoproxy.plan.ir import (Augment, Blur, ChainState, ColorJitter, Crop, Erase, FastColorJitter, Flip, Grayscale, Normalize,
-                 Perspective, PillowResize, PixelOp, Resize, TensorAugment, TensorColorJitter, ToCHW, ToFloat, Warp,
-                 compose_affine, split_at_takeover)
-from dali_autoproxy.config import Options
-from dali_autoproxy.plan.kernel_table import KernelTable
-from dali_autoproxy.backends.dali.nvjpeg import region_decode_like_libjpeg
-from dali_autoproxy.plan.planning import Plan
+from dali_autoproxy.backends.dali.lowering import Lowering
 from dali_autoproxy.backends.torch_stage import TorchStage
+from dali_autoproxy.backends.torch_stage.tensor_policies import release_grids
+from dali_autoproxy.config import Options
+from dali_autoproxy.plan.planning import Plan
 from dali_autoproxy.transport import ProxyGroup
-
-DALI_KERNELS = KernelTable("DALI lowering")
-DALI_KERNELS.not_here("exact only as torch ops; the torch stage takes over from it",
-                      ColorJitter, TensorColorJitter, Warp, Perspective, Augment, TensorAugment, PillowResize)
-
-_TAIL_OPS = frozenset((Flip, ToFloat, Normalize, ToCHW))  # what one crop_mirror_normalize can finish with
 
 STALL_LIMIT_S = 600.0  # no output for this long (or the loader's timeout=) means DALI is stuck
 CLOSE_WAIT_S = 10.0  # a pipeline's thread gets this long to finish its batch when the pipeline goes
@@ -62,206 +48,6 @@ def _release_guard_in_parent() -> None:
 
 
 os.register_at_fork(before=_guard_before_fork, after_in_parent=_release_guard_in_parent)
-
-
-def _split_tail(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
-    """Longest suffix of elementwise ops (with at most one horizontal flip) for one
-    crop_mirror_normalize."""
-    i = len(ops)
-    flips = 0
-    while i > 0 and type(ops[i - 1]) in _TAIL_OPS:
-        op = ops[i - 1]
-        if type(op) is Flip:
-            if op.vertical or flips:
-                break  # crop_mirror_normalize mirrors horizontally, once
-            flips += 1
-        i -= 1
-    return list(ops[:i]), list(ops[i:])
-
-
-class Lowering:
-    """Builds the DALI graph for a plan; knows which external sources need which params.
-    Each op is lowered by its kernel in DALI_KERNELS: ``kernel(lowering, op, img) -> img``."""
-
-    def __init__(self, plan: Plan, input_kind: str, device: str,
-                 hw_decoder_load: float = Options.hw_decoder_load):
-        self.plan = plan
-        self.hw_decoder_load = hw_decoder_load  # the GPU's hardware JPEG decoder's share
-        self.device = device  # "gpu" or "cpu"
-        self.input_kind = input_kind  # "encoded" (JPEG bytes) or "raw" (HWC uint8 pixels)
-        self.feeds: List[Tuple[str, int, int, object]] = []  # (name, column, width, numpy dtype)
-        self.ops, torch_ops = split_at_takeover(plan.ops)
-        self.torch_stage = TorchStage(torch_ops) if torch_ops else None
-        # what the DALI part hands over: the plan's output, or uint8 HWC pixels for the torch stage
-        channels = 3
-        for op in self.ops:
-            channels = getattr(op, "channels", channels)  # a Grayscale sets the channel count
-        self.out_state = ChainState(channels=channels) if torch_ops else plan.state
-
-    def param(self, name: str, column: int, width: int, dtype, operand: bool = False) -> object:
-        """A per-sample value fed from the params row; ``operand``: used in arithmetic with
-        the image, so it must sit on the image's device."""
-        from nvidia.dali import fn, types
-        dali_type = types.INT32 if dtype == np.int32 else types.FLOAT
-        self.feeds.append((name, column, width, dtype))
-        node = fn.external_source(name=name, device="cpu", dtype=dali_type)
-        return node.gpu() if operand and self.device == "gpu" else node
-
-    def graph(self):
-        from nvidia.dali import fn, types
-        ops = list(self.ops)
-        encoded = self.input_kind == "encoded"
-        # no_copy: DALI reads the workers' shared memory in place (DaliRunner keeps it alive)
-        data = fn.external_source(name="data", device="cpu", dtype=types.UINT8, no_copy=True,
-                                  layout=None if encoded else "HWC")
-        if encoded:
-            decode_device = "mixed" if self.device == "gpu" else "cpu"
-            common = dict(device=decode_device, output_type=types.RGB, adjust_orientation=False)
-            if decode_device == "mixed":
-                common["hw_decoder_load"] = self.hw_decoder_load
-            first = ops[0] if ops else None
-            # jpeg_fancy_upsampling: the GPU decoder upsamples chroma as libjpeg-turbo (Pillow) does.
-            # A region decode can do that at full speed only with nvJPEG 13.2+ (nvjpeg.py);
-            # elsewhere the whole image is decoded and the crop (a DALI op) follows
-            region = self.device == "cpu" or region_decode_like_libjpeg()
-            if type(first) is Crop and first.in_bounds and region:  # region-of-interest decode
-                ops.pop(0)
-                anchor = self.param(f"anchor{first.slot}", first.slot, 2, np.int32)
-                shape = self.param(f"shape{first.slot}", first.slot + 2, 2, np.int32)
-                img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", jpeg_fancy_upsampling=True,
-                                              **common)
-            else:
-                img = fn.decoders.image(data, jpeg_fancy_upsampling=True, **common)
-        else:
-            img = data.gpu() if self.device == "gpu" else data
-
-        erases: List[object] = []
-        while ops and type(ops[-1]) is Erase:  # erasing after the tail, on the CHW tensor
-            erases.insert(0, ops.pop())
-        body, tail = _split_tail(ops)
-        for op in body:
-            img = DALI_KERNELS[op](self, op, img)
-        stage = self.torch_stage
-        if stage is not None and stage.ops[0].ragged:
-            # the stage's first op takes each sample at its own size: one batch, padded to the largest
-            if tail:
-                img = self._lower_tail(tail, img)
-            return fn.pad(img, axis_names="HW", fill_value=0)
-        img = self._lower_tail(tail, img)
-        for op in erases:
-            img = DALI_KERNELS[op](self, op, img)
-        return img
-
-    def _lower_tail(self, tail: List[object], img):
-        from nvidia.dali import fn, types
-        state = self.out_state
-        kwargs = {}
-        flips = [op for op in tail if type(op) is Flip]
-        if flips:
-            kwargs["mirror"] = self.param(f"flip{flips[0].slot}", flips[0].slot, 1, np.int32)
-        a, b = compose_affine(tail, state.channels)
-        if state.dtype == "float32":
-            # (x - mean) / std == a * x + b  with  std = 1 / a, mean = -b / a
-            kwargs.update(dtype=types.FLOAT, mean=list(-b / a), std=list(1.0 / a))
-        else:
-            kwargs.update(dtype=types.UINT8)
-        layout = "CHW" if state.kind == "tensor" else "HWC"
-        return fn.crop_mirror_normalize(img, output_layout=layout, **kwargs)
-
-
-# ----------------------------------------------------------------------------- DALI kernels
-@DALI_KERNELS.register(Crop)
-def _crop(lw: Lowering, op: Crop, img):
-    from nvidia.dali import fn
-    anchor = lw.param(f"anchor{op.slot}", op.slot, 2, np.int32)
-    shape = lw.param(f"shape{op.slot}", op.slot + 2, 2, np.int32)
-    return fn.slice(img, anchor, shape, axis_names="HW", fill_values=list(op.fill),
-                    out_of_bounds_policy="error" if op.in_bounds else "pad")
-
-
-@DALI_KERNELS.register(Resize)
-def _resize(lw: Lowering, op: Resize, img):
-    from nvidia.dali import fn, types
-    interp = {"linear": types.INTERP_LINEAR, "cubic": types.INTERP_CUBIC, "nn": types.INTERP_NN}[op.interp]
-    if op.size is not None:
-        height, width = float(op.size[0]), float(op.size[1])
-    else:
-        height = lw.param(f"height{op.slot}", op.slot, 1, np.float32)
-        width = lw.param(f"width{op.slot}", op.slot + 1, 1, np.float32)
-    return fn.resize(img, resize_y=height, resize_x=width, interp_type=interp, antialias=op.antialias)
-
-
-@DALI_KERNELS.register(Flip)
-def _flip(lw: Lowering, op: Flip, img):
-    from nvidia.dali import fn
-    flag = lw.param(f"flip{op.slot}", op.slot, 1, np.int32)
-    return fn.flip(img, horizontal=0, vertical=flag) if op.vertical else fn.flip(img, horizontal=flag)
-
-
-_PIXEL_FORMULAS = {  # y as integer arithmetic on x, applied where flag is 1
-    "invert": lambda x, flag, arg: x + flag * (255 - 2 * x),
-    "solarize": lambda x, flag, arg: x + flag * (x >= arg) * (255 - 2 * x),
-    "posterize": lambda x, flag, arg: x + flag * ((x & arg) - x),
-}
-
-
-@DALI_KERNELS.register(PixelOp)
-def _pixel_op(lw: Lowering, op: PixelOp, img):
-    from nvidia.dali import fn, types
-    flag = lw.param(f"apply{op.slot}", op.slot, 1, np.int32)
-    y = _PIXEL_FORMULAS[op.kind](fn.cast(img, dtype=types.INT32), flag, op.arg)
-    return fn.cast(y, dtype=types.UINT8)
-
-
-@DALI_KERNELS.register(Grayscale)
-def _grayscale(lw: Lowering, op: Grayscale, img):
-    from dali_autoproxy.backends.dali import color as dali_color
-    apply = None if op.slot is None else lw.param(f"gray{op.slot}", op.slot, 1, np.float32, True)
-    return dali_color.grayscale(img, op.channels, apply)
-
-
-@DALI_KERNELS.register(FastColorJitter)
-def _fast_color_jitter(lw: Lowering, op: FastColorJitter, img):
-    """DALI's fused color_twist once per position of each sample's drawn order (ir.FastColorJitter)."""
-    from nvidia.dali import fn
-    for k in range(4):
-        base = op.slot + 4 * k
-        b, c, s, h = (lw.param(f"twist{base + j}", base + j, 1, np.float32) for j in range(4))
-        img = fn.color_twist(img, brightness=b, contrast=c, saturation=s, hue=h * 360.0)
-    return img
-
-
-@DALI_KERNELS.register(Blur)
-def _blur(lw: Lowering, op: Blur, img):
-    from nvidia.dali import fn
-    sigma = lw.param(f"sigma{op.slot}", op.slot, 2, np.float32)
-    return fn.gaussian_blur(img, window_size=list(op.kernel), sigma=sigma)
-
-
-@DALI_KERNELS.register(Erase)
-def _erase(lw: Lowering, op: Erase, img):
-    from nvidia.dali import fn
-    anchor = lw.param(f"erase_at{op.slot}", op.slot, 2, np.float32)
-    shape = lw.param(f"erase_hw{op.slot}", op.slot + 2, 2, np.float32)
-    return fn.erase(img, anchor=anchor, shape=shape, axis_names="HW", fill_value=list(op.value))
-
-
-@DALI_KERNELS.register(ToFloat)
-def _to_float(lw: Lowering, op: ToFloat, img):
-    from nvidia.dali import fn, types
-    img = fn.cast(img, dtype=types.FLOAT)
-    return img * op.scale if op.scale != 1.0 else img
-
-
-@DALI_KERNELS.register(Normalize)
-def _normalize(lw: Lowering, op: Normalize, img):
-    from nvidia.dali import fn, types
-    return fn.crop_mirror_normalize(img, dtype=types.FLOAT, output_layout="HWC", mean=list(op.mean), std=list(op.std))
-
-
-@DALI_KERNELS.register(ToCHW)
-def _to_chw(lw: Lowering, op: ToCHW, img):
-    return img  # the layout is applied once, in the tail
 
 
 class _Batch:
@@ -397,7 +183,6 @@ def _release_memory_if_idle() -> None:
         return
     try:
         from nvidia.dali.backend import ReleaseUnusedMemory
-        from dali_autoproxy.backends.torch_stage.tensor_policies import release_grids
         release_grids()
         ReleaseUnusedMemory()
     except Exception:  # pragma: no cover - interpreter shutdown

@@ -19,21 +19,17 @@ happens around each fetch.
 """
 from __future__ import annotations
 
-import contextlib
-import threading
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
-from torch.utils.data import get_worker_info
 
 from dali_autoproxy.config import logger
-from dali_autoproxy.worker.deferred import DeferredFileLoader, JpegImageFile, defer_convert
 from dali_autoproxy.plan.ir import Unsupported
-from dali_autoproxy.worker.libraries import loaded_decoders
-from dali_autoproxy.plan.planning import SETTINGS, build_plan, walk
-from dali_autoproxy.plan.translate import compose_types
-from dali_autoproxy.transport import ProxyNode, ProxySample
-
+from dali_autoproxy.plan.planning import build_plan
+from dali_autoproxy.transport import ProxySample
+from dali_autoproxy.worker.deferred import defer_convert
+from dali_autoproxy.worker.proxy_node import ProxyNode
+from dali_autoproxy.worker.routing import local
 
 MAX_CHAINS = 256  # chain objects remembered per worker
 
@@ -74,26 +70,13 @@ class ChainRouter:
                 self.nodes[cid] = (chain, None)
 
 
-class _Local(threading.local):
-    router: Optional[ChainRouter] = None
-    depth: int = 0  # > 0 while a chain runs for real: the calls inside it are not taken
-
-
-_local = _Local()
-
-
-def routing_active() -> bool:
-    """Whether this thread is inside a proxied loader's fetch (a worker, or num_workers=0)."""
-    return _local.router is not None
-
-
 def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """wrapt wrapper of a chain class's entry point (``__call__``, or ``forward`` of a module)."""
-    router = _local.router
-    if router is None or _local.depth or kwargs or len(args) != 1:
+    router = local.router
+    if router is None or local.depth or kwargs or len(args) != 1:
         return wrapped(*args, **kwargs)
     node = router.node_for(instance)
-    _local.depth += 1
+    local.depth += 1
     try:
         if node is None:
             return wrapped(*args)
@@ -102,24 +85,14 @@ def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
             router.produced.append(id(instance))
         return out
     finally:
-        _local.depth -= 1
+        local.depth -= 1
 
 
-def _convert(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def convert_jpeg(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """``JpegImageFile.convert``: deferred (``deferred.defer_convert``) only while routing."""
-    if _local.router is None:
+    if local.router is None:
         return wrapped(*args, **kwargs)
     return defer_convert(wrapped, instance, args, kwargs)
-
-
-@contextlib.contextmanager
-def routing(router: ChainRouter) -> Iterator[None]:
-    """Chains called in this thread go through ``router`` (the num_workers=0 fetch)."""
-    previous, _local.router = _local.router, router
-    try:
-        yield
-    finally:
-        _local.router = previous
 
 
 # ----------------------------------------------------------------------------- fetching
@@ -127,7 +100,7 @@ def guarded_get(dataset: Any, index: Any) -> Any:
     """``dataset[index]``; if the dataset's own code fails on a proxied result, again with the
     chains it used running plain, from the same torch RNG state (so torchvision draws what it
     would have drawn; Python's and numpy's generators, which cost more to save, go on)."""
-    router = _local.router
+    router = local.router
     if router is None:
         return dataset[index]
     router.produced.clear()
@@ -144,7 +117,7 @@ def guarded_get(dataset: Any, index: Any) -> Any:
 
 def guarded_fetch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """wrapt wrapper of torch's ``_MapDatasetFetcher.fetch`` in a proxied loader's worker."""
-    if _local.router is None or kwargs or len(args) != 1:
+    if local.router is None or kwargs or len(args) != 1:
         return wrapped(*args, **kwargs)
     index = args[0]
     if not instance.auto_collation:
@@ -154,56 +127,3 @@ def guarded_fetch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     else:
         data = [guarded_get(instance.dataset, i) for i in index]
     return instance.collate_fn(data)
-
-
-# ----------------------------------------------------------------------------- installing
-def entry_point(cls: type) -> str:
-    """The method a chain's call goes through: ``forward`` for torch modules, else ``__call__``."""
-    return "forward" if issubclass(cls, torch.nn.Module) else "__call__"
-
-
-def patch(chain_classes: Iterable[type]) -> None:
-    """Wrap the entry points of these chain classes, Pillow's JPEG convert, torch's map fetcher
-    and the loaded data libraries' image decoders, in this process (idempotent; recorded by the instrumentor, undone by disable())."""
-    from torch.utils.data._utils.fetch import _MapDatasetFetcher
-    from dali_autoproxy.main.hooks import instrumentor
-    for cls in set(compose_types()) | set(chain_classes):
-        instrumentor.wrap(cls, entry_point(cls), on_chain_call)
-    instrumentor.wrap(JpegImageFile, "convert", _convert)
-    instrumentor.wrap(_MapDatasetFetcher, "fetch", guarded_fetch)
-    for owner, method, wrapper in loaded_decoders():  # webdataset's and Hugging Face's eager decoders
-        instrumentor.wrap(owner, method, wrapper)
-
-
-def swap_folder_loaders(dataset: Any) -> List[Tuple[Any, str, Any]]:
-    """Give each plain ImageFolder in the dataset the deferred file loader; return the undo list."""
-    undo = []
-    for folder in walk(dataset).folders:
-        undo.append((folder, "loader", folder.loader))
-        folder.loader = DeferredFileLoader(getattr(folder, "samples", None))
-    return undo
-
-
-def unswap(undo: List[Tuple[Any, str, Any]]) -> None:
-    for obj, attr, value in reversed(undo):
-        setattr(obj, attr, value)
-
-
-class WorkerInstaller:
-    """The worker_init_fn of a proxied loader: run the user's worker_init_fn, then route this
-    worker's chain calls. Picklable, for spawn and forkserver workers."""
-
-    def __init__(self, known_keys: Set[str], chain_classes: Set[type], user_init_fn: Any,
-                 settings: Optional[dict] = None):
-        self.known_keys = known_keys
-        self.chain_classes = chain_classes
-        self.user_init_fn = user_init_fn
-        self.settings = dict(settings or {})  # planning's options, as the main process planned
-
-    def __call__(self, worker_id: int) -> None:
-        SETTINGS.update(self.settings)  # a spawned worker starts from the defaults
-        if self.user_init_fn is not None:  # first: it may expect the dataset as the user left it
-            self.user_init_fn(worker_id)
-        patch(self.chain_classes)
-        swap_folder_loaders(get_worker_info().dataset)
-        _local.router = ChainRouter(self.known_keys)

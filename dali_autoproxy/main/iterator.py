@@ -1,0 +1,305 @@
+"""The iterator of a proxied DataLoader, in the main process: it runs DALI on each batch before
+the training loop sees it.
+
+DALI's own proxy sends work to the main process on a second queue and waits on it with
+no timeout; a pipeline that fails before producing output blocks forever, and the batch
+order must be rebuilt from batch ids. Here the proxied batch rides the DataLoader's own
+result queue (``transport.py``), so order, ``timeout=``, worker errors and shutdown stay
+exactly the DataLoader's, and DALI runs in the main process just ahead of the loop: the
+iterator pulls up to ``lookahead`` batches from the DataLoader, submits their groups to the
+loader's DALI runners, and hands each batch over once its tensors are back, in order.
+"""
+from __future__ import annotations
+
+import collections
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import wrapt
+
+from dali_autoproxy.config import Options, logger
+from dali_autoproxy.main.collate import find_proxy_batches, finish, on_device, put_back
+from dali_autoproxy.main.cpu_fallback import replay_group
+from dali_autoproxy.main.decision import Decision, chain_names, decide, max_batch_size
+from dali_autoproxy.main.state import LoaderState, RunnerKey, output_device
+from dali_autoproxy.plan.settings import SETTINGS
+from dali_autoproxy.transport import ENCODED, RAW, ProxyBatch, ProxyCollated, ProxyGroup
+from dali_autoproxy.worker.chains import ChainRouter
+from dali_autoproxy.worker.collate import CollateInMain, DefaultCollate
+from dali_autoproxy.worker.install import WorkerInstaller, patch, swap_folder_loaders, unswap
+from dali_autoproxy.worker.routing import routing
+
+NOTHING_ROUTED = ("no recognised chain was called with one image in __getitem__ (a joint image+target "
+                  "transform, say): the batches are plain torchvision's")
+
+
+def batch_length(batch: Any) -> int:
+    """Samples in a collated batch: the first dimension of its first tensor (0 when none)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            n = batch_length(item)
+            if n:
+                return n
+    return 0
+
+
+class CountedIterator(wrapt.ObjectProxy):
+    """A plain DataLoader iterator (a loader that fell back) that counts its batches and samples
+    for the report, as the proxied iterator does; nothing else changes."""
+
+    def __init__(self, inner: Any, record: Dict[str, Any], batched: bool = True):
+        super().__init__(inner)
+        self._self_record = record
+        self._self_batched = batched  # batch_size=None: each item is one sample
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = self.__wrapped__.__next__()
+        self._self_record["batches"] += 1
+        self._self_record["samples"] += batch_length(batch) if self._self_batched else 1
+        return batch
+
+
+def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Options) -> Any:
+    """The DataLoader's ``_get_iterator``, proxied when the decision says so. DALI pipelines are
+    built before any worker starts, so a failure there is a clean fallback."""
+    try:
+        decision = decide(loader, options)
+        state.update(decision, options)
+        if not decision.proxied:
+            return CountedIterator(wrapped(), state.record, loader._auto_collation)
+        batch_size = max_batch_size(loader)
+        for plan in decision.plans.values():
+            kind = RAW if plan.worker_prefix else ENCODED
+            runner = state.take_runner(plan, kind, batch_size, decision.device, options.lookahead,
+                                       options.hw_decoder_load)
+            state.give_back({(plan.key, kind): runner})
+    except Exception as exc:
+        state.update(Decision(False, f"set-up failed ({exc.__class__.__name__}: {exc})",
+                              worker_transforms=chain_names(loader.dataset)), options)
+        logger.debug("set-up failed", exc_info=True)
+        return CountedIterator(wrapped(), state.record, loader._auto_collation)
+    user_init, user_collate = loader.worker_init_fn, loader.collate_fn
+    # the workers collate proxies; a user's collate runs here, on DALI's tensors
+    loader.collate_fn = CollateInMain(decision.collate) if decision.collate is not None else DefaultCollate()
+    if loader.num_workers > 0:
+        loader.worker_init_fn = WorkerInstaller(set(decision.plans), decision.chain_classes, user_init, SETTINGS)
+    else:
+        patch(decision.chain_classes)
+    try:
+        inner = wrapped()
+    finally:
+        loader.worker_init_fn, loader.collate_fn = user_init, user_collate
+    return ProxiedIterator(inner, loader, state, decision, options)
+
+
+def _without_frames(exc: BaseException) -> BaseException:
+    """``exc`` (and the exceptions chained to it) without tracebacks, to be raised later in its
+    place in the batch order. A kept traceback holds its frames, and each frame its caller
+    (``f_back``): the iterator's own frames among them, a cycle that would keep the iterator,
+    and the DataLoader's workers, alive after a ``break`` until the next garbage collection.
+    What the user reads stays: a worker's error carries the worker's traceback in its message,
+    as the DataLoader raises it."""
+    seen = set()
+    e: "BaseException | None" = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return exc
+
+
+class _InFlight:
+    __slots__ = ("batch", "proxies", "error", "index")
+
+    def __init__(self, batch=None, proxies=(), error=None, index=-1):
+        self.batch, self.proxies, self.error, self.index = batch, proxies, error, index
+
+
+class ProxiedIterator(wrapt.ObjectProxy):
+    """Wraps the DataLoader's own iterator (isinstance and attributes pass through)."""
+
+    def __init__(self, inner: Any, loader: Any, state: LoaderState, decision: Decision, options: Options):
+        super().__init__(inner)
+        self._self_state = state
+        self._self_device = decision.device
+        self._self_out = output_device(decision.device, options)
+        self._self_pin = bool(loader.pin_memory) and torch.cuda.is_available()
+        self._self_batch_size = max_batch_size(loader)
+        self._self_lookahead = options.lookahead
+        self._self_hw_decoder_load = options.hw_decoder_load
+        self._self_inflight: collections.deque = collections.deque()
+        self._self_count = 0
+        self._self_runners: Dict[RunnerKey, Any] = {}
+        self._self_broken: Dict[RunnerKey, Exception] = {}  # pipelines that could not be built
+        self._self_dataset = loader.dataset
+        self._self_main_dataset = loader.dataset if loader.num_workers == 0 else None
+        self._self_router = ChainRouter(decision.plans) if loader.num_workers == 0 else None
+        self._self_timeout = float(loader.timeout) if loader.timeout else None
+        self._self_collate = on_device(decision.collate) if decision.collate is not None else None
+        weakref.finalize(self, state.give_back, self._self_runners)
+
+    # -- runners
+    def _self_runner(self, group: ProxyGroup) -> Optional[Any]:
+        """The pipeline for a group's plan and input kind, built on first use; None when it
+        cannot be built (the group is then computed on the CPU)."""
+        key = (group.key, group.kind)
+        runner = self._self_runners.get(key)
+        if runner is None and key not in self._self_broken:
+            state = self._self_state
+            if group.plan is not None:
+                state.learn(group.plan)
+            plan = state.plans.get(group.key)
+            try:
+                if plan is None:
+                    raise RuntimeError(f"no plan {group.key} was announced")
+                runner = state.take_runner(plan, group.kind, self._self_batch_size, self._self_device,
+                                           self._self_lookahead, self._self_hw_decoder_load)
+            except Exception as exc:
+                logger.warning("DataLoader #%d: no DALI pipeline for %s (%s): those samples are computed "
+                               "by PIL and torchvision", state.record["loader"], group.key, exc)
+                self._self_broken[key] = f"{type(exc).__name__}: {exc}"  # text: no frames kept
+                return None
+            self._self_runners[key] = runner
+        return runner
+
+    def _reset(self, loader: Any, *args: Any, **kwargs: Any) -> None:
+        """persistent_workers: a new epoch on the same iterator."""
+        self._self_inflight.clear()
+        for runner in self._self_runners.values():
+            runner.drain()
+        return self.__wrapped__._reset(loader, *args, **kwargs)
+
+    # -- iteration
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        inflight = self._self_inflight
+        while len(inflight) < self._self_lookahead + 1 and not (inflight and inflight[-1].error is not None):
+            entry = self._self_pull()
+            if entry is None:
+                break
+            inflight.append(entry)
+        if not inflight:
+            raise StopIteration
+        entry = inflight.popleft()
+        if entry.error is None:
+            return self._self_finish(entry)
+        error, entry = entry.error, None
+        try:
+            raise error
+        finally:  # no reference cycle frame -> error -> traceback -> frame: this iterator, and the
+            error = None  # DataLoader's with its workers, are freed as soon as the loop lets go
+
+    def _self_fetch(self) -> Any:
+        if self._self_main_dataset is None:
+            return self.__wrapped__.__next__()
+        undo = swap_folder_loaders(self._self_main_dataset)  # num_workers=0: around the fetch
+        try:
+            with routing(self._self_router):
+                return self.__wrapped__.__next__()
+        finally:
+            unswap(undo)
+
+    def _self_pull(self) -> Optional[_InFlight]:
+        try:
+            batch = self._self_fetch()
+        except StopIteration:
+            return None
+        except Exception as exc:  # raised in its place in the batch order, as the DataLoader does
+            return _InFlight(error=_without_frames(exc))
+        index = self._self_count
+        self._self_count += 1
+        proxies = find_proxy_batches(batch)
+        for pb in proxies:
+            for group in pb.groups:
+                runner = self._self_runner(group)
+                if runner is not None:
+                    runner.submit(group)
+        return _InFlight(batch, proxies, None, index)
+
+    def _self_finish(self, entry: _InFlight):
+        table: Dict[int, torch.Tensor] = {}
+        try:
+            collated = isinstance(entry.batch, ProxyCollated)
+            for pb in entry.proxies:
+                outputs = []
+                for gi, group in enumerate(pb.groups):
+                    runner = self._self_runners.get((group.key, group.kind))
+                    if runner is None:
+                        why = self._self_broken[(group.key, group.kind)]
+                        outputs.append(self._self_on_cpu(group, entry.index, why))
+                        continue
+                    try:
+                        outputs.append(runner.collect(self._self_timeout))
+                    except Exception as exc:
+                        self._self_recover(entry, pb, gi)
+                        outputs.append(self._self_on_cpu(group, entry.index, exc))
+                table[id(pb)] = self._self_assemble(pb, outputs, stack=not collated)
+        finally:
+            rec = self._self_state.record
+            rec["batches"] += 1
+            if not entry.proxies and not rec["samples"]:
+                rec["reason"] = NOTHING_ROUTED
+            elif entry.proxies and rec["reason"] == NOTHING_ROUTED:
+                rec["reason"] = None
+            for pb in entry.proxies:
+                rec["samples"] += pb.size
+                rec["cpu_path_samples"] += len(pb.done_indices)
+                self._self_state.count_decoding(pb)
+        if collated:  # the user's collate_fn, on DALI's tensors, under the worker's random states
+            out = finish(entry.batch, [table[id(pb)] for pb in entry.batch.batches], self._self_collate)
+            if self._self_out == "cpu" and self._self_pin:  # what the loader's pin thread would have done
+                from torch.utils.data._utils.pin_memory import pin_memory
+                out = pin_memory(out)
+            return out
+        return put_back(entry.batch, table)
+
+    def _self_on_cpu(self, group: ProxyGroup, batch_index: int, dali_error: Any) -> List[torch.Tensor]:
+        return replay_group(self._self_state, group, batch_index, dali_error, self._self_dataset)
+
+    def _self_recover(self, failed: _InFlight, pb: ProxyBatch, group_index: int) -> None:
+        """Rebuild the failed runner and resubmit what was queued behind the failed batch."""
+        key = (pb.groups[group_index].key, pb.groups[group_index].kind)
+        runner = self._self_runners[key]
+        runner.rebuild()
+
+        def same(g: ProxyGroup) -> bool:
+            return (g.key, g.kind) == key
+        later_groups = [g for g in pb.groups[group_index + 1:] if same(g)]
+        later_groups += [g for pb2 in failed.proxies[failed.proxies.index(pb) + 1:] for g in pb2.groups if same(g)]
+        later_groups += [g for e in self._self_inflight for pb2 in e.proxies for g in pb2.groups if same(g)]
+        for g in later_groups:
+            runner.submit(g)
+
+    def _self_assemble(self, pb: ProxyBatch, outputs: List[Any], stack: bool = True) -> Any:
+        """The batch's tensor in sample order (``stack=False``: one tensor per sample, for a
+        user's collate_fn to batch)."""
+        pieces: List[Tuple[List[int], Any]] = list(zip([g.indices for g in pb.groups], outputs))
+        if pb.done_indices:
+            pieces.append((pb.done_indices, pb.done_tensors()))
+        if stack and len(pieces) == 1 and isinstance(pieces[0][1], torch.Tensor) and len(pieces[0][0]) == pb.size:
+            result = pieces[0][1]
+        else:
+            samples: List[Any] = [None] * pb.size
+            for indices, out in pieces:
+                for i, t in zip(indices, out):
+                    samples[i] = t.to(self._self_out) if self._self_out != "cpu" else t.cpu()
+            if not stack:
+                return samples
+            result = torch.stack(samples)  # raises as default_collate would on unequal sizes
+        if self._self_out == "cpu":
+            result = result.cpu()
+            if self._self_pin:
+                result = result.pin_memory()
+        elif result.device != torch.device(self._self_out):
+            result = result.to(self._self_out)
+        return result

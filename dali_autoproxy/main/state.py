@@ -1,0 +1,124 @@
+"""What autoproxy knows about one DataLoader, in the main process: its report row, the plans
+its workers use, and its idle DALI runners (kept between epochs, handed back by each iterator)."""
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from dali_autoproxy.config import Options, logger
+from dali_autoproxy.main.decision import Decision
+from dali_autoproxy.plan.planning import Plan
+from dali_autoproxy.transport import ENCODED, ProxyBatch
+
+RunnerKey = Tuple[str, str]  # (plan key, input kind)
+
+_ids = itertools.count(1)
+
+
+class LoaderState:
+    """What autoproxy knows about one DataLoader: its report row and idle DALI runners."""
+
+    def __init__(self, loader: Any):
+        self.record: Dict[str, Any] = {
+            "loader": next(_ids), "dataset": type(loader.dataset).__name__,
+            "batch_size": loader.batch_size, "num_workers": loader.num_workers,
+            "proxied": False, "reason": "not iterated yet", "decode": "-", "decode_on_dali": False,
+            "decoded_on_dali": 0,
+            "decoded_in_worker": {}, "worker_transforms": [], "dali_transforms": [], "device": "torchvision",
+            "output": "cpu", "batches": 0, "samples": 0, "cpu_path_samples": 0, "partial": None,
+            "iterated": False,  # report() lists the loaders a loop iterated (accelerate rebuilds the others)
+        }
+        self.idle_runners: Dict[RunnerKey, list] = collections.defaultdict(list)
+        self.plans: Dict[str, Plan] = {}
+        self.lock = threading.Lock()
+        self._logged: Optional[Tuple[bool, Optional[str]]] = None
+
+    def update(self, decision: Decision, options: Options) -> None:
+        rec = self.record
+        rec["proxied"], rec["reason"] = decision.proxied, decision.reason
+        if decision.proxied:
+            self.plans.update(decision.plans)
+            rec["device"] = decision.device
+            rec["output"] = output_device(decision.device, options)
+            self._describe_plans()
+        else:
+            rec["device"], rec["output"] = "torchvision", "cpu"
+            rec["dali_transforms"], rec["worker_transforms"] = [], decision.worker_transforms
+            rec["partial"] = None
+        key = (decision.proxied, decision.reason)
+        if key != self._logged:
+            self._logged = key
+            if decision.proxied:
+                logger.info("DataLoader #%d (%s): proxied to DALI on %s: %s", rec["loader"],
+                            rec["dataset"], rec["device"], " -> ".join(rec["dali_transforms"]))
+                if rec["partial"]:
+                    logger.info("DataLoader #%d: partial offload, worker | DALI: %s", rec["loader"], rec["partial"])
+                for line in decision.unplanned:
+                    logger.info("DataLoader #%d: stays in the worker: %s", rec["loader"], line)
+                if rec["output"] != "cpu":
+                    logger.info("DataLoader #%d: batches arrive as CUDA tensors on %s; if the model runs "
+                                "on the CPU, set DALI_AUTOPROXY_OUTPUT=cpu (or enable(output='cpu'))",
+                                rec["loader"], rec["output"])
+            else:
+                logger.warning("DataLoader #%d (%s): running plain torchvision: %s", rec["loader"],
+                               rec["dataset"], decision.reason)
+
+    def _describe_plans(self) -> None:
+        rec, plans = self.record, list(self.plans.values())
+        rec["dali_transforms"] = (["decode"] if rec["decode_on_dali"] else []) + [n for p in plans for n in p.names]
+        rec["worker_transforms"] = [n for p in plans for n in p.worker_names]
+        splits = [f"{' -> '.join(p.worker_names)} | {' -> '.join(p.names)} ({p.split_reason})"
+                  for p in plans if p.worker_prefix]
+        rec["partial"] = "; ".join(splits) or None
+
+    def learn(self, plan: Plan) -> None:
+        """A plan a worker announced (a chain the walk did not find)."""
+        with self.lock:
+            if plan.key not in self.plans:
+                self.plans[plan.key] = plan
+                logger.info("DataLoader #%d: a chain called in the workers joins DALI: %s",
+                            self.record["loader"], " -> ".join(plan.names))
+                self._describe_plans()
+
+    def count_decoding(self, pb: ProxyBatch) -> None:
+        rec = self.record
+        rec["decoded_on_dali"] += sum(len(g.indices) for g in pb.groups if g.kind == ENCODED)
+        for why, n in pb.why.items():
+            rec["decoded_in_worker"][why] = rec["decoded_in_worker"].get(why, 0) + n
+        if rec["decoded_on_dali"] and not rec["decode_on_dali"]:
+            rec["decode_on_dali"] = True
+            self._describe_plans()
+        total = rec["decoded_on_dali"] + sum(rec["decoded_in_worker"].values())
+        if total:
+            parts = [f"DALI {100 * rec['decoded_on_dali'] / total:.0f}%"] if rec["decoded_on_dali"] else []
+            parts += [f"worker {100 * n / total:.0f}% ({why})" for why, n in rec["decoded_in_worker"].items()]
+            rec["decode"] = "; ".join(parts)
+
+    def take_runner(self, plan: Plan, kind: str, batch_size: int, device: str, ahead: int,
+                    hw_decoder_load: float):
+        # DALI is optional: its back end (which imports it) loads when a first pipeline is built
+        from dali_autoproxy.backends.dali.runner import DaliRunner
+        with self.lock:
+            pool = self.idle_runners[(plan.key, kind)]
+            while pool:
+                runner = pool.pop()
+                if (runner.batch_size, runner.ahead, runner.hw_decoder_load) == (batch_size, ahead, hw_decoder_load):
+                    runner.drain()
+                    return runner
+        device_id = torch.cuda.current_device() if device == "gpu" else None
+        return DaliRunner(plan, kind, batch_size, device, device_id, ahead=ahead, hw_decoder_load=hw_decoder_load)
+
+    def give_back(self, runners: Dict[RunnerKey, Any]) -> None:
+        with self.lock:
+            for key, runner in runners.items():
+                self.idle_runners[key].append(runner)
+
+
+def output_device(device: str, options: Options) -> str:
+    if device == "gpu" and options.output == "auto":
+        return f"cuda:{torch.cuda.current_device()}"
+    return "cpu"

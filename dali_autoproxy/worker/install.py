@@ -1,0 +1,70 @@
+"""Setting up a proxied loader's workers: the patches that route chain calls, and the
+``worker_init_fn`` that installs them in each worker (picklable, for spawn workers)."""
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Optional, Set, Tuple
+
+import torch
+from torch.utils.data import get_worker_info
+from torch.utils.data._utils.fetch import _MapDatasetFetcher
+
+from dali_autoproxy.patches import ledger
+from dali_autoproxy.plan.planning import walk
+from dali_autoproxy.plan.settings import SETTINGS
+from dali_autoproxy.plan.translate import compose_types
+from dali_autoproxy.worker.chains import ChainRouter, convert_jpeg, guarded_fetch, on_chain_call
+from dali_autoproxy.worker.collate import collate_proxy_samples  # noqa: F401  (registers ProxySample with default_collate)
+from dali_autoproxy.worker.deferred import DeferredFileLoader, JpegImageFile
+from dali_autoproxy.worker.libraries import loaded_decoders
+from dali_autoproxy.worker.routing import local
+
+
+def entry_point(cls: type) -> str:
+    """The method a chain's call goes through: ``forward`` for torch modules, else ``__call__``."""
+    return "forward" if issubclass(cls, torch.nn.Module) else "__call__"
+
+
+def patch(chain_classes: Iterable[type]) -> None:
+    """Wrap the entry points of these chain classes, Pillow's JPEG convert, torch's map fetcher
+    and the loaded data libraries' image decoders, in this process (idempotent; recorded in the patch
+    ledger, undone by disable())."""
+    for cls in set(compose_types()) | set(chain_classes):
+        ledger.wrap(cls, entry_point(cls), on_chain_call)
+    ledger.wrap(JpegImageFile, "convert", convert_jpeg)
+    ledger.wrap(_MapDatasetFetcher, "fetch", guarded_fetch)
+    for owner, method, wrapper in loaded_decoders():  # webdataset's and Hugging Face's eager decoders
+        ledger.wrap(owner, method, wrapper)
+
+
+def swap_folder_loaders(dataset: Any) -> List[Tuple[Any, str, Any]]:
+    """Give each plain ImageFolder in the dataset the deferred file loader; return the undo list."""
+    undo = []
+    for folder in walk(dataset).folders:
+        undo.append((folder, "loader", folder.loader))
+        folder.loader = DeferredFileLoader(getattr(folder, "samples", None))
+    return undo
+
+
+def unswap(undo: List[Tuple[Any, str, Any]]) -> None:
+    for obj, attr, value in reversed(undo):
+        setattr(obj, attr, value)
+
+
+class WorkerInstaller:
+    """The worker_init_fn of a proxied loader: run the user's worker_init_fn, then route this
+    worker's chain calls. Picklable, for spawn and forkserver workers."""
+
+    def __init__(self, known_keys: Set[str], chain_classes: Set[type], user_init_fn: Any,
+                 settings: Optional[dict] = None):
+        self.known_keys = known_keys
+        self.chain_classes = chain_classes
+        self.user_init_fn = user_init_fn
+        self.settings = dict(settings or {})  # planning's options, as the main process planned
+
+    def __call__(self, worker_id: int) -> None:
+        SETTINGS.update(self.settings)  # a spawned worker starts from the defaults
+        if self.user_init_fn is not None:  # first: it may expect the dataset as the user left it
+            self.user_init_fn(worker_id)
+        patch(self.chain_classes)
+        swap_folder_loaders(get_worker_info().dataset)
+        local.router = ChainRouter(self.known_keys)
