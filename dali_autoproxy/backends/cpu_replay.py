@@ -81,7 +81,7 @@ def run_plan(plan: Plan, img: Any, params: List[float]) -> torch.Tensor:
 
 @CPU_KERNELS.register(Crop)
 def _crop(img, op: Crop, row, v2_step):
-    top, left, h, w = (int(v) for v in row[op.slot:op.slot + 4])
+    top, left, h, w = (int(v) for v in row[op.span("top", "width")])
     if any(f != 0 for f in op.fill):  # F.crop pads with zeros: pad with the fill first
         is_pil = isinstance(img, Image.Image)
         pad = [max(0, -left), max(0, -top), max(0, left + w - _width(img)), max(0, top + h - _height(img))]
@@ -93,7 +93,7 @@ def _crop(img, op: Crop, row, v2_step):
 @CPU_KERNELS.register(Resize)
 def _resize(img, op: Resize, row, v2_step):
     is_pil = isinstance(img, Image.Image)
-    size = list(op.size) if op.size is not None else [int(v) for v in row[op.slot:op.slot + 2]]
+    size = list(op.size) if op.size is not None else [int(v) for v in row[op.span("height", "width")]]
     mode = {"linear": M.BILINEAR, "cubic": M.BICUBIC, "nn": M.NEAREST if is_pil else M.NEAREST_EXACT}[op.interp]
     resize = (F2 if v2_step and not is_pil else F).resize
     return resize(img, size, interpolation=mode, antialias=op.antialias if not is_pil else True)
@@ -101,20 +101,20 @@ def _resize(img, op: Resize, row, v2_step):
 
 @CPU_KERNELS.register(PillowResize)
 def _pillow_resize(img, op: PillowResize, row, v2_step):  # what torchvision's resize asks of Pillow
-    height, width, kind = int(row[op.slot + 2]), int(row[op.slot + 3]), int(row[op.slot + 4])
+    height, width, kind = (int(op.value(row, name)) for name in ("out_height", "out_width", "filter"))
     return img.resize((width, height), kind)
 
 
 @CPU_KERNELS.register(Flip)
 def _flip(img, op: Flip, row, v2_step):
-    if not row[op.slot]:
+    if not op.value(row, "apply"):
         return img
     return F.vflip(img) if op.vertical else F.hflip(img)
 
 
 @CPU_KERNELS.register(PixelOp)
 def _pixel_op(img, op: PixelOp, row, v2_step):
-    if not row[op.slot]:
+    if not op.value(row, "apply"):
         return img
     if op.kind == "invert":
         return F.invert(img)
@@ -126,13 +126,14 @@ def _pixel_op(img, op: PixelOp, row, v2_step):
 @CPU_KERNELS.register(ColorJitter)
 def _color_jitter(img, op: ColorJitter, row, v2_step):
     adjust = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation]
+    factors = ("brightness", "contrast", "saturation")
     for which in jitter_order(np.asarray([row]), op)[0]:
         if which < 0:
             continue
         if which < 3:
-            img = adjust[which](img, row[op.slot + 4 + which])
+            img = adjust[which](img, op.value(row, factors[which]))
         else:  # a factor that gives the same 8-bit shift: int(factor * 255) == k
-            shift = int(row[op.slot + 7])
+            shift = int(op.value(row, "hue"))
             k = shift - 256 if shift > 127 else shift
             img = F.adjust_hue(img, (k + (0.5 if k >= 0 else -0.5)) / 255)
     return img
@@ -141,13 +142,13 @@ def _color_jitter(img, op: ColorJitter, row, v2_step):
 @CPU_KERNELS.register(FastColorJitter)
 def _fast_color_jitter(img, op: FastColorJitter, row, v2_step):
     """A failed batch is recomputed exactly: torchvision's adjustments in the drawn order."""
+    adjust = {"brightness": F.adjust_brightness, "contrast": F.adjust_contrast, "saturation": F.adjust_saturation}
     for k in range(4):
-        base = op.slot + 4 * k
-        for which, adjust in enumerate((F.adjust_brightness, F.adjust_contrast, F.adjust_saturation)):
-            if row[base + which] != 1.0:
-                img = adjust(img, float(row[base + which]))
-        if row[base + 3]:
-            img = F.adjust_hue(img, float(row[base + 3]))
+        for name, fn in adjust.items():
+            if op.value(row, f"{name}{k}") != 1.0:
+                img = fn(img, float(op.value(row, f"{name}{k}")))
+        if op.value(row, f"hue{k}"):
+            img = F.adjust_hue(img, float(op.value(row, f"hue{k}")))
     return img
 
 
@@ -160,13 +161,13 @@ def _tensor_color_jitter(img, op: TensorColorJitter, row, v2_step):
 
 @CPU_KERNELS.register(Warp)
 def _warp(img, op: Warp, row, v2_step):  # what torchvision's rotate/affine ask of Pillow
-    return img.transform(img.size, Image.AFFINE, list(row[op.slot:op.slot + 6]),
+    return img.transform(img.size, Image.AFFINE, list(row[op.span("a", "f")]),
                          Image.BILINEAR if op.bilinear else Image.NEAREST, fillcolor=_pil_fill(op.fill))
 
 
 @CPU_KERNELS.register(Perspective)
 def _perspective(img, op: Perspective, row, v2_step):  # what torchvision's perspective asks of Pillow
-    coeffs = [float(v) for v in row[op.slot:op.slot + 8]]
+    coeffs = [float(v) for v in row[op.span("a", "h")]]
     if tuple(coeffs) == PERSPECTIVE_IDENTITY:
         return img
     return img.transform(img.size, Image.PERSPECTIVE, coeffs, Image.BILINEAR if op.bilinear else Image.NEAREST,
@@ -176,32 +177,32 @@ def _perspective(img, op: Perspective, row, v2_step):  # what torchvision's pers
 @CPU_KERNELS.register(Augment)
 def _augment(img, op: Augment, row, v2_step):  # torchvision's own policy operation, v1 units
     from torchvision.transforms.autoaugment import _apply_op
-    return _apply_op(img, AUGMENT_OPS[int(row[op.slot])], float(row[op.slot + 1]),
+    return _apply_op(img, AUGMENT_OPS[int(op.value(row, "operation"))], float(op.value(row, "magnitude")),
                      interpolation=M.BILINEAR if op.bilinear else M.NEAREST, fill=[float(v) for v in op.fill])
 
 
 @CPU_KERNELS.register(TensorAugment)
 def _tensor_augment(img, op: TensorAugment, row, v2_step):  # torchvision's own tensor policy operation
-    name = AUGMENT_OPS[int(row[op.slot])]
+    name = AUGMENT_OPS[int(op.value(row, "operation"))]
     if name == "Identity":
         return img
-    return tensor_policy_operation(op.api)(img, name, float(row[op.slot + 1]), op.interpolation, op.fill)
+    return tensor_policy_operation(op.api)(img, name, float(op.value(row, "magnitude")), op.interpolation, op.fill)
 
 
 @CPU_KERNELS.register(Grayscale)
 def _grayscale(img, op: Grayscale, row, v2_step):
-    return F.rgb_to_grayscale(img, op.channels) if op.slot is None or row[op.slot] else img
+    return F.rgb_to_grayscale(img, op.channels) if op.slot is None or op.value(row, "apply") else img
 
 
 @CPU_KERNELS.register(Blur)
 def _blur(img, op: Blur, row, v2_step):
-    sigma_y, sigma_x = row[op.slot], row[op.slot + 1]
+    sigma_y, sigma_x = op.value(row, "sigma_y"), op.value(row, "sigma_x")
     return (F2 if v2_step else F).gaussian_blur(img, [op.kernel[1], op.kernel[0]], [sigma_x, sigma_y])
 
 
 @CPU_KERNELS.register(Erase)
 def _erase(img, op: Erase, row, v2_step):
-    top, left, h, w = (int(v) for v in row[op.slot:op.slot + 4])
+    top, left, h, w = (int(v) for v in row[op.span("top", "width")])
     if not (h and w):
         return img
     chw = F.pil_to_tensor(img) if isinstance(img, Image.Image) else img

@@ -1,10 +1,13 @@
 """The small intermediate form between torchvision transforms and DALI operators.
 
-A converter turns one transform into a few of these ops; the pipeline builder lowers the
-whole list to DALI, fusing where it can (decode+crop, flip+normalize+layout). Per-sample
-values (crop boxes, sizes, flip flags) are not in the ops: they are drawn in the worker by
-the converter's ``draw`` and travel as a row of numbers ``params`` (integers, or floats such as
-jitter factors); an op names its ``slot``.
+A converter turns one transform into a few of these ops; the back ends run them (the DALI
+lowering fusing where it can: decode+crop, flip+normalize+layout). Per-sample values (crop
+boxes, sizes, flip flags) are not in the ops: they are drawn in the worker by the converter's
+``draw`` and travel as a row of numbers (integers, or floats such as jitter factors). Each op
+declares the names of its values (``params``, its schema) and, where one exists, the values
+that leave the image unchanged (``neutral``); its ``slot`` is where its values start in the
+row. Drawers write them by name (``SampleGeometry.put``), kernels read them by name
+(``op.col("height")``, ``op.span("top", "width")``), so no back end knows an offset.
 """
 from __future__ import annotations
 
@@ -19,6 +22,39 @@ class Unsupported(Exception):
     """A transform, or an argument of it, that has no faithful DALI translation."""
 
 
+class Op:
+    """The base of every IR op (frozen dataclasses): its placement, its named per-sample values
+    and the lookups by name that kernels use."""
+    placement: ClassVar["Placement"]
+    params: ClassVar[Tuple[str, ...]] = ()  # the names of its per-sample values, in row order
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = None  # values that leave the image unchanged
+    keeps_size: ClassVar[bool] = True  # the op keeps the sample's size
+    ragged: ClassVar[bool] = False  # the op takes a batch of samples of different sizes
+    # ``slot``, a field of the ops that have values: where they start in the row (None: not here)
+
+    def col(self, name: str) -> int:
+        """The column of the value ``name`` in the params row."""
+        if getattr(self, "slot", None) is None:
+            raise LookupError(f"{type(self).__name__} has no per-sample values here")
+        try:
+            return self.slot + type(self).params.index(name)
+        except ValueError:
+            raise KeyError(f"{type(self).__name__} has no value {name!r} (it has {type(self).params})") from None
+
+    def span(self, first: str, last: str) -> slice:
+        """The columns from ``first`` to ``last``, both included, as a slice of the row."""
+        return slice(self.col(first), self.col(last) + 1)
+
+    def value(self, row, name: str) -> float:
+        """The value ``name`` in one sample's row."""
+        return row[self.col(name)]
+
+    @classmethod
+    def width(cls) -> int:
+        """How many values the op takes in the row."""
+        return len(cls.params)
+
+
 class Placement(Enum):
     """Where an op may run. Every op also runs in the CPU replay. The back ends' kernel tables
     must agree with it (tests/test_kernel_tables.py); planning reads only this."""
@@ -28,12 +64,13 @@ class Placement(Enum):
 
 
 @dataclass(frozen=True)
-class Crop:
+class Crop(Op):
     """Crop [top, left, height, width] from params[slot:slot+4]; outside the image is
     ``fill`` (per channel), which is how Pad and padded crops are expressed too. DALI runs the
     crops before the torch stage takes over (the first one fused into the decode); the stage runs
     those after an exact resize (CenterCrop after Resize)."""
     placement: ClassVar[Placement] = Placement.EITHER
+    params: ClassVar[Tuple[str, ...]] = ("top", "left", "height", "width")
     keeps_size: ClassVar[bool] = False
     ragged: ClassVar[bool] = True
     slot: int
@@ -42,9 +79,11 @@ class Crop:
 
 
 @dataclass(frozen=True)
-class Resize:
-    """Resize to params[slot:slot+2] = [height, width], or to the fixed ``size``."""
+class Resize(Op):
+    """Resize to the per-sample ``height`` and ``width``, or to the fixed ``size`` (no values)."""
     placement: ClassVar[Placement] = Placement.DALI
+    params: ClassVar[Tuple[str, ...]] = ("height", "width")
+    keeps_size: ClassVar[bool] = False
     interp: str  # "linear", "cubic", "nn"
     antialias: bool
     slot: Optional[int] = None
@@ -55,7 +94,7 @@ PILLOW_FILTERS = {"nearest": 0, "bilinear": 2, "bicubic": 3, "box": 4}  # PIL.Im
 
 
 @dataclass(frozen=True)
-class PillowResize:
+class PillowResize(Op):
     """Pillow's ``Image.resize`` of a PIL image, as torchvision's resize and resized_crop call it:
     each sample from its size params[slot:slot+2] = [height, width] to params[slot+2:slot+4],
     with Pillow's filter params[slot+4] (its NEAREST 0, BILINEAR 2, BICUBIC 3 or BOX 4), so one
@@ -65,6 +104,7 @@ class PillowResize:
     ``size``: the output size when it is the same for every sample (it names the plan, so that
     chains resizing to different sizes get pipelines whose batches stay of one size)."""
     placement: ClassVar[Placement] = Placement.TORCH
+    params: ClassVar[Tuple[str, ...]] = ("in_height", "in_width", "out_height", "out_width", "filter")
     keeps_size: ClassVar[bool] = False
     ragged: ClassVar[bool] = True
     slot: int
@@ -72,42 +112,52 @@ class PillowResize:
 
 
 @dataclass(frozen=True)
-class Flip:
-    """Horizontal (or vertical) flip when params[slot] is 1."""
+class Flip(Op):
+    """Horizontal (or vertical) flip when ``apply`` is 1."""
     placement: ClassVar[Placement] = Placement.EITHER
+    params: ClassVar[Tuple[str, ...]] = ("apply",)
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (0,)
     slot: int
     vertical: bool = False
 
 
 @dataclass(frozen=True)
-class PixelOp:
-    """A per-pixel uint8 operation applied when params[slot] is 1: "invert" (255 - x),
+class PixelOp(Op):
+    """A per-pixel uint8 operation applied when ``apply`` is 1: "invert" (255 - x),
     "solarize" (255 - x where x >= arg) or "posterize" (x & arg, arg the bit mask)."""
     placement: ClassVar[Placement] = Placement.EITHER
+    params: ClassVar[Tuple[str, ...]] = ("apply",)
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (0,)
     kind: str
     slot: int
     arg: int = 0
 
 
 @dataclass(frozen=True)
-class ColorJitter:
+class ColorJitter(Op):
     """torchvision's ColorJitter on a PIL image: its four adjustments in the per-sample order
-    params[slot:slot+4] (0 brightness, 1 contrast, 2 saturation, 3 hue), with the factors
-    params[slot+4:slot+7] and the hue shift params[slot+7] (in 1/256 turns, as PIL applies it);
-    an adjustment that is not ``enabled`` is skipped, as torchvision skips a None factor."""
+    ``first`` .. ``fourth`` (0 brightness, 1 contrast, 2 saturation, 3 hue; JITTER_SKIP: none),
+    with the factors and the hue shift (in 1/256 turns, as PIL applies it); an adjustment that is
+    not ``enabled`` is skipped, as torchvision skips a None factor."""
     placement: ClassVar[Placement] = Placement.TORCH
+    params: ClassVar[Tuple[str, ...]] = ("first", "second", "third", "fourth",
+                                         "brightness", "contrast", "saturation", "hue")
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (4, 4, 4, 4, 1.0, 1.0, 1.0, 0)
     slot: int
     enabled: Tuple[bool, bool, bool, bool]
 
 
 @dataclass(frozen=True)
-class FastColorJitter:
+class FastColorJitter(Op):
     """ColorJitter by DALI's fused ``color_twist`` (the ``fidelity="fast"`` opt-in), torchvision's
-    draw, in each sample's order: four passes, pass k with the factors params[slot+4k:slot+4k+4]
-    (brightness, contrast, saturation, hue in turns), all neutral but the one drawn k-th.
+    draw, in each sample's order: four passes, pass k with the factors ``brightness<k>``,
+    ``contrast<k>``, ``saturation<k>``, ``hue<k>`` (in turns), all neutral but the one drawn k-th.
     Approximate: DALI's contrast pivots on mid-grey (Pillow's on the image's mean luma) and its
     hue is a linear rotation (Pillow's an HSV shift); PSNR per adjustment in docs/benchmarks.md."""
     placement: ClassVar[Placement] = Placement.DALI
+    params: ClassVar[Tuple[str, ...]] = tuple(f"{a}{k}" for k in range(4)
+                                              for a in ("brightness", "contrast", "saturation", "hue"))
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (1.0, 1.0, 1.0, 0.0) * 4
     slot: int
 
 
@@ -118,56 +168,64 @@ def jitter_order(host: np.ndarray, op) -> np.ndarray:
     """The per-sample order of a (Tensor)ColorJitter, decoded once for every back end: rows of
     params -> int64 [B, 4] of adjustments (0 brightness, 1 contrast, 2 saturation, 3 hue), with
     -1 where nothing is applied (RandomApply's skip, or an adjustment that is not enabled)."""
-    order = np.asarray(host, dtype=np.float64)[:, op.slot:op.slot + 4].astype(np.int64)
+    order = np.asarray(host, dtype=np.float64)[:, op.span("first", "fourth")].astype(np.int64)
     enabled = np.append(np.asarray(op.enabled, dtype=bool), False)
     order = np.minimum(order, JITTER_SKIP)
     return np.where(enabled[order], order, -1)
 
 
 @dataclass(frozen=True)
-class TensorColorJitter:
+class TensorColorJitter(Op):
     """ColorJitter on a tensor image: torchvision's own tensor kernels (``api`` "v1" or "v2"),
-    batched with a factor per sample, in each sample's drawn order params[slot:slot+4] with factors
-    params[slot+4:slot+8]
-    (brightness, contrast, saturation, hue as torchvision's hue factor)."""
+    batched with a factor per sample, in each sample's drawn order (as ColorJitter's) with its
+    factors (brightness, contrast, saturation, hue as torchvision's hue factor)."""
     placement: ClassVar[Placement] = Placement.TORCH
+    params: ClassVar[Tuple[str, ...]] = ColorJitter.params
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (4, 4, 4, 4, 1.0, 1.0, 1.0, 0.0)
     slot: int
     enabled: Tuple[bool, bool, bool, bool]
     api: str
 
 
 @dataclass(frozen=True)
-class Grayscale:
-    """PIL's luma (ITU-R 601-2 in integers) to ``channels`` channels; applied where
-    params[slot] is 1, or always when ``slot`` is None."""
+class Grayscale(Op):
+    """PIL's luma (ITU-R 601-2 in integers) to ``channels`` channels; applied where ``apply``
+    is 1, or always when ``slot`` is None."""
     placement: ClassVar[Placement] = Placement.EITHER
+    params: ClassVar[Tuple[str, ...]] = ("apply",)
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (0,)
     channels: int
     slot: Optional[int] = None
 
 
 @dataclass(frozen=True)
-class Blur:
+class Blur(Op):
     """torchvision's gaussian_blur: window ``kernel`` = (height, width), reflected borders,
-    per-sample sigma params[slot] (y) and params[slot+1] (x)."""
+    per-sample ``sigma_y`` and ``sigma_x`` (neutral: a sigma so small the window is 1, 0, 0)."""
     placement: ClassVar[Placement] = Placement.EITHER
+    params: ClassVar[Tuple[str, ...]] = ("sigma_y", "sigma_x")
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (1e-3, 1e-3)
     kernel: Tuple[int, int]
     slot: int
 
 
 @dataclass(frozen=True)
-class Erase:
-    """RandomErasing on the final tensor: the box params[slot:slot+4] = [top, left, height,
-    width] (height 0: nothing erased) is set to ``value`` (one per channel)."""
+class Erase(Op):
+    """RandomErasing on the final tensor: the box ``top``, ``left``, ``height``, ``width``
+    (height 0: nothing erased) is set to ``value`` (one per channel)."""
     placement: ClassVar[Placement] = Placement.EITHER
+    params: ClassVar[Tuple[str, ...]] = ("top", "left", "height", "width")
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (0, 0, 0, 0)
     slot: int
     value: Tuple[float, ...]
 
 
 @dataclass(frozen=True)
-class Warp:
+class Warp(Op):
     """Pillow's affine transform (what torchvision's rotate and affine do to PIL images), nearest
-    or ``bilinear``: the inverse matrix in params[slot:slot+6], ``fill`` outside the image."""
+    or ``bilinear``: the inverse matrix ``a`` .. ``f`` (Pillow's order), ``fill`` outside the image."""
     placement: ClassVar[Placement] = Placement.TORCH
+    params: ClassVar[Tuple[str, ...]] = ("a", "b", "c", "d", "e", "f")
     slot: int
     fill: Tuple[float, ...]
     bilinear: bool = False
@@ -177,11 +235,13 @@ PERSPECTIVE_IDENTITY = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
-class Perspective:
+class Perspective(Op):
     """Pillow's perspective transform (what torchvision's perspective does to PIL images): its 8
-    coefficients in params[slot:slot+8] (PERSPECTIVE_IDENTITY: not applied), nearest or
-    bilinear sampling, ``fill`` outside the image."""
+    coefficients ``a`` .. ``h`` (PERSPECTIVE_IDENTITY: not applied), nearest or bilinear
+    sampling, ``fill`` outside the image."""
     placement: ClassVar[Placement] = Placement.TORCH
+    params: ClassVar[Tuple[str, ...]] = ("a", "b", "c", "d", "e", "f", "g", "h")
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = PERSPECTIVE_IDENTITY
     slot: int
     fill: Tuple[float, ...]
     bilinear: bool
@@ -193,22 +253,26 @@ GEOMETRIC_OPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")  # th
 
 
 @dataclass(frozen=True)
-class Augment:
+class Augment(Op):
     """One operation of an augmentation policy per sample, as torchvision's ``_apply_op`` does it
-    on a PIL image: AUGMENT_OPS[params[slot]] with magnitude params[slot+1] (v1's units); the
+    on a PIL image: AUGMENT_OPS[``operation``] with its ``magnitude`` (v1's units); the
     geometric operations sample nearest, or ``bilinear``."""
     placement: ClassVar[Placement] = Placement.TORCH
+    params: ClassVar[Tuple[str, ...]] = ("operation", "magnitude")
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (0, 0.0)
     slot: int
     fill: Tuple[float, ...]
     bilinear: bool = False
 
 
 @dataclass(frozen=True)
-class TensorAugment:
+class TensorAugment(Op):
     """One policy operation per sample on a tensor image, by torchvision's own tensor kernel for
-    the API (v1's ``_apply_op``, v2's ``_apply_image_or_video_transform``): AUGMENT_OPS[params[slot]]
-    with magnitude params[slot+1] in that API's units; ``fill`` as the transform hands it over."""
+    the API (v1's ``_apply_op``, v2's ``_apply_image_or_video_transform``): AUGMENT_OPS[``operation``]
+    with its ``magnitude`` in that API's units; ``fill`` as the transform hands it over."""
     placement: ClassVar[Placement] = Placement.TORCH
+    params: ClassVar[Tuple[str, ...]] = ("operation", "magnitude")
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (0, 0.0)
     slot: int
     fill: Optional[Union[float, Tuple[float, ...]]]
     interpolation: str  # "nearest" or "bilinear" (torch's grid_sample)
@@ -216,7 +280,7 @@ class TensorAugment:
 
 
 @dataclass(frozen=True)
-class ToFloat:
+class ToFloat(Op):
     """uint8 -> float32, multiplied by ``scale`` (1/255 for ToTensor-like conversions);
     ``divide``: computed as x / (1/scale), as v1's ToTensor does (v2's ToDtype multiplies)."""
     placement: ClassVar[Placement] = Placement.EITHER
@@ -225,13 +289,13 @@ class ToFloat:
 
 
 @dataclass(frozen=True)
-class Normalize:
+class Normalize(Op):
     placement: ClassVar[Placement] = Placement.EITHER
     mean: Tuple[float, ...]
     std: Tuple[float, ...]
 
 
-def compose_affine(ops: Sequence[object], channels: int) -> Tuple[np.ndarray, np.ndarray]:
+def compose_affine(ops: Sequence[Op], channels: int) -> Tuple[np.ndarray, np.ndarray]:
     """A run of ToFloat/Normalize ops as one y = a * x + b per channel (other ops: ignored)."""
     a, b = np.ones(channels), np.zeros(channels)
     for op in ops:
@@ -244,25 +308,17 @@ def compose_affine(ops: Sequence[object], channels: int) -> Tuple[np.ndarray, np
 
 
 @dataclass(frozen=True)
-class ToCHW:
+class ToCHW(Op):
     """Marks the PIL -> tensor layout change; the builder emits CHW once, at the end."""
     placement: ClassVar[Placement] = Placement.EITHER
 
 
-Op = object  # one of the dataclasses above
 ALL_OPS: Tuple[type, ...] = (Crop, Resize, PillowResize, Flip, PixelOp, ColorJitter, FastColorJitter, TensorColorJitter,
                              Grayscale, Blur, Erase,
                              Warp, Perspective, Augment, TensorAugment, ToFloat, Normalize, ToCHW)
 
 
-for _op in ALL_OPS:  # the defaults: an op keeps the sample's size and needs one size per batch
-    if "keeps_size" not in vars(_op):
-        _op.keeps_size = _op is not Resize
-    if "ragged" not in vars(_op):
-        _op.ragged = False
-
-
-def split_at_takeover(ops: Sequence[object]) -> Tuple[List[object], List[object]]:
+def split_at_takeover(ops: Sequence[Op]) -> Tuple[List[Op], List[Op]]:
     """(DALI's ops, the torch stage's ops): the stage takes over at the first TORCH op when it
     can run everything from there on. Where that op needs one size for the whole batch, the stage
     also takes the size-keeping EITHER ops just before it, so that DALI hands over uint8 pixels of
@@ -305,6 +361,23 @@ class SampleGeometry:
         self.width = width
         self.channels = channels
         self.params: List[float] = []
+
+    def put(self, op: Op, *values: float, **named: float) -> None:
+        """Append ``op``'s values to the row, by name (``put(crop, top=0, left=0, ...)``) or all of
+        them in the schema's order; every value once. The op's values must come next in the row
+        (its drawer runs in plan order), which is checked."""
+        names = type(op).params
+        if len(self.params) != op.slot:
+            raise RuntimeError(f"{type(op).__name__}'s values go at column {op.slot}, not {len(self.params)}")
+        if values:
+            if named or len(values) != len(names):
+                raise TypeError(f"{type(op).__name__} takes {len(names)} values {names}, got {len(values)}")
+            self.params += list(values)
+            return
+        missing, unknown = set(names) - set(named), set(named) - set(names)
+        if missing or unknown:
+            raise TypeError(f"{type(op).__name__} values: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        self.params += [named[n] for n in names]
 
     def standin(self):
         """A zero-cost tensor of the current size, for torchvision's own get_params code."""

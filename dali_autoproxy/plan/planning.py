@@ -200,9 +200,10 @@ def _translate(transforms: List[Any], exact_resize: bool = True) -> Plan:
     state = ChainState(fidelity=SETTINGS["fidelity"], exact_resize=exact_resize and SETTINGS["resize"] == "pillow")
     counter = [0]
 
-    def alloc(n: int) -> int:
+    def alloc(op_type: type) -> int:
+        """Reserve the op's values in the params row; its slot."""
         start = counter[0]
-        counter[0] += n
+        counter[0] += op_type.width()
         return start
 
     steps = [lookup(t)(t, state, alloc) for t in transforms]
@@ -227,7 +228,7 @@ def _ends_as_pil(prefix: List[Any]) -> bool:
     state = ChainState()
     for t in prefix:
         try:
-            lookup(t)(t, state, lambda n: 0)
+            lookup(t)(t, state, lambda op_type: 0)
         except Unsupported:
             pass
     return state.kind == "pil"

@@ -29,6 +29,7 @@ from dali_autoproxy.plan.ir import (
     Flip,
     Grayscale,
     Normalize,
+    Op,
     Perspective,
     PillowResize,
     PixelOp,
@@ -84,12 +85,14 @@ class Lowering:
             channels = getattr(op, "channels", channels)  # a Grayscale sets the channel count
         self.out_state = ChainState(channels=channels) if torch_ops else plan.state
 
-    def param(self, name: str, column: int, width: int, dtype, operand: bool = False) -> object:
-        """A per-sample value fed from the params row; ``operand``: used in arithmetic with
-        the image, so it must sit on the image's device."""
+    def param(self, op: Op, first: str, width: int, dtype, operand: bool = False) -> object:
+        """An op's per-sample value ``first`` (and the ``width - 1`` after it in its schema) as a
+        named pipeline input, fed from the params row; ``operand``: used in arithmetic with the
+        image, so it must sit on the image's device."""
         from nvidia.dali import fn, types
         dali_type = types.INT32 if dtype == np.int32 else types.FLOAT
-        self.feeds.append((name, column, width, dtype))
+        name = f"{type(op).__name__}.{first}@{op.slot}"  # the input's name: op, value, where in the row
+        self.feeds.append((name, op.col(first), width, dtype))
         node = fn.external_source(name=name, device="cpu", dtype=dali_type)
         return node.gpu() if operand and self.device == "gpu" else node
 
@@ -112,8 +115,8 @@ class Lowering:
             region = self.device == "cpu" or region_decode_like_libjpeg()
             if type(first) is Crop and first.in_bounds and region:  # region-of-interest decode
                 ops.pop(0)
-                anchor = self.param(f"anchor{first.slot}", first.slot, 2, np.int32)
-                shape = self.param(f"shape{first.slot}", first.slot + 2, 2, np.int32)
+                anchor = self.param(first, "top", 2, np.int32)
+                shape = self.param(first, "height", 2, np.int32)
                 img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", jpeg_fancy_upsampling=True,
                                               **common)
             else:
@@ -144,7 +147,7 @@ class Lowering:
         kwargs = {}
         flips = [op for op in tail if type(op) is Flip]
         if flips:
-            kwargs["mirror"] = self.param(f"flip{flips[0].slot}", flips[0].slot, 1, np.int32)
+            kwargs["mirror"] = self.param(flips[0], "apply", 1, np.int32)
         a, b = compose_affine(tail, state.channels)
         if state.dtype == "float32":
             # (x - mean) / std == a * x + b  with  std = 1 / a, mean = -b / a
@@ -159,8 +162,8 @@ class Lowering:
 @DALI_KERNELS.register(Crop)
 def _crop(lw: Lowering, op: Crop, img):
     from nvidia.dali import fn
-    anchor = lw.param(f"anchor{op.slot}", op.slot, 2, np.int32)
-    shape = lw.param(f"shape{op.slot}", op.slot + 2, 2, np.int32)
+    anchor = lw.param(op, "top", 2, np.int32)
+    shape = lw.param(op, "height", 2, np.int32)
     return fn.slice(img, anchor, shape, axis_names="HW", fill_values=list(op.fill),
                     out_of_bounds_policy="error" if op.in_bounds else "pad")
 
@@ -172,15 +175,15 @@ def _resize(lw: Lowering, op: Resize, img):
     if op.size is not None:
         height, width = float(op.size[0]), float(op.size[1])
     else:
-        height = lw.param(f"height{op.slot}", op.slot, 1, np.float32)
-        width = lw.param(f"width{op.slot}", op.slot + 1, 1, np.float32)
+        height = lw.param(op, "height", 1, np.float32)
+        width = lw.param(op, "width", 1, np.float32)
     return fn.resize(img, resize_y=height, resize_x=width, interp_type=interp, antialias=op.antialias)
 
 
 @DALI_KERNELS.register(Flip)
 def _flip(lw: Lowering, op: Flip, img):
     from nvidia.dali import fn
-    flag = lw.param(f"flip{op.slot}", op.slot, 1, np.int32)
+    flag = lw.param(op, "apply", 1, np.int32)
     return fn.flip(img, horizontal=0, vertical=flag) if op.vertical else fn.flip(img, horizontal=flag)
 
 
@@ -194,14 +197,14 @@ _PIXEL_FORMULAS = {  # y as integer arithmetic on x, applied where flag is 1
 @DALI_KERNELS.register(PixelOp)
 def _pixel_op(lw: Lowering, op: PixelOp, img):
     from nvidia.dali import fn, types
-    flag = lw.param(f"apply{op.slot}", op.slot, 1, np.int32)
+    flag = lw.param(op, "apply", 1, np.int32)
     y = _PIXEL_FORMULAS[op.kind](fn.cast(img, dtype=types.INT32), flag, op.arg)
     return fn.cast(y, dtype=types.UINT8)
 
 
 @DALI_KERNELS.register(Grayscale)
 def _grayscale(lw: Lowering, op: Grayscale, img):
-    apply = None if op.slot is None else lw.param(f"gray{op.slot}", op.slot, 1, np.float32, True)
+    apply = None if op.slot is None else lw.param(op, "apply", 1, np.float32, True)
     return dali_color.grayscale(img, op.channels, apply)
 
 
@@ -210,8 +213,8 @@ def _fast_color_jitter(lw: Lowering, op: FastColorJitter, img):
     """DALI's fused color_twist once per position of each sample's drawn order (ir.FastColorJitter)."""
     from nvidia.dali import fn
     for k in range(4):
-        base = op.slot + 4 * k
-        b, c, s, h = (lw.param(f"twist{base + j}", base + j, 1, np.float32) for j in range(4))
+        b, c, s, h = (lw.param(op, f"{name}{k}", 1, np.float32)
+                      for name in ("brightness", "contrast", "saturation", "hue"))
         img = fn.color_twist(img, brightness=b, contrast=c, saturation=s, hue=h * 360.0)
     return img
 
@@ -219,15 +222,15 @@ def _fast_color_jitter(lw: Lowering, op: FastColorJitter, img):
 @DALI_KERNELS.register(Blur)
 def _blur(lw: Lowering, op: Blur, img):
     from nvidia.dali import fn
-    sigma = lw.param(f"sigma{op.slot}", op.slot, 2, np.float32)
+    sigma = lw.param(op, "sigma_y", 2, np.float32)
     return fn.gaussian_blur(img, window_size=list(op.kernel), sigma=sigma)
 
 
 @DALI_KERNELS.register(Erase)
 def _erase(lw: Lowering, op: Erase, img):
     from nvidia.dali import fn
-    anchor = lw.param(f"erase_at{op.slot}", op.slot, 2, np.float32)
-    shape = lw.param(f"erase_hw{op.slot}", op.slot + 2, 2, np.float32)
+    anchor = lw.param(op, "top", 2, np.float32)
+    shape = lw.param(op, "height", 2, np.float32)
     return fn.erase(img, anchor=anchor, shape=shape, axis_names="HW", fill_value=list(op.value))
 
 

@@ -191,13 +191,13 @@ def _color_jitter(x: torch.Tensor, op: ColorJitter, batch: Batch) -> torch.Tenso
 def jitter_factors(params: torch.Tensor, op: ColorJitter) -> Tuple[torch.Tensor, torch.Tensor]:
     """The brightness, contrast and saturation factors [B, 3] (float32, as Pillow blends) and
     the hue shifts [B] (int32, 1/256 turns) of each sample."""
-    return params[:, op.slot + 4:op.slot + 7].to(torch.float32), params[:, op.slot + 7].to(torch.int32)
+    return params[:, op.span("brightness", "saturation")].to(torch.float32), params[:, op.col("hue")].to(torch.int32)
 
 
 @kernel(Grayscale)
 def _grayscale(x: torch.Tensor, op: Grayscale, batch: Batch) -> torch.Tensor:
     lum = luma(x).unsqueeze(1).expand(-1, op.channels, -1, -1)
-    return lum if op.slot is None else torch.where(batch.flag(op.slot), lum, x)
+    return lum if op.slot is None else torch.where(batch.flag(op.col("apply")), lum, x)
 
 
 @kernel(PixelOp)
@@ -205,4 +205,4 @@ def _pixel_op(x: torch.Tensor, op: PixelOp, batch: Batch) -> torch.Tensor:
     xi = x.to(torch.int32)
     y = {"invert": lambda: 255 - xi, "solarize": lambda: torch.where(xi >= op.arg, 255 - xi, xi),
          "posterize": lambda: xi & op.arg}[op.kind]()
-    return torch.where(batch.flag(op.slot), y.to(torch.float32), x)
+    return torch.where(batch.flag(op.col("apply")), y.to(torch.float32), x)

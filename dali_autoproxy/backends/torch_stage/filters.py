@@ -20,7 +20,7 @@ def gaussian_blur(x: torch.Tensor, op: Blur, params: torch.Tensor) -> torch.Tens
         pts = torch.linspace(-half, half, steps=size, device=x.device)
         pdf = torch.exp(-0.5 * (pts[None, :] / sigma[:, None].to(torch.float32)).pow(2))
         return pdf / pdf.sum(1, keepdim=True)
-    ky, kx = kernel1d(kh, params[:, op.slot]), kernel1d(kw, params[:, op.slot + 1])
+    ky, kx = kernel1d(kh, params[:, op.col("sigma_y")]), kernel1d(kw, params[:, op.col("sigma_x")])
     weight = (ky[:, :, None] * kx[:, None, :]).repeat_interleave(c, 0).unsqueeze(1)
     padded = nnf.pad(x.reshape(1, b * c, h, w), [kw // 2, kw // 2, kh // 2, kh // 2], mode="reflect")
     return nnf.conv2d(padded, weight, groups=b * c).reshape(b, c, h, w)

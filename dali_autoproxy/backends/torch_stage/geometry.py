@@ -105,7 +105,7 @@ def _perspective_rows(src: torch.Tensor, coeffs: np.ndarray, fill: Sequence[floa
 
 @kernel(Warp)
 def _warp(x: torch.Tensor, op: Warp, batch: Batch) -> torch.Tensor:
-    matrices = batch.host[:, op.slot:op.slot + 6]
+    matrices = batch.host[:, op.span("a", "f")]
     if op.bilinear:  # Pillow's generic transform: an affine one is a perspective one with g = h = 0
         return perspective(x, np.concatenate([matrices, np.zeros((len(matrices), 2))], 1), op.fill, True)
     return warp(x, matrices, op.fill)
@@ -113,9 +113,9 @@ def _warp(x: torch.Tensor, op: Warp, batch: Batch) -> torch.Tensor:
 
 @kernel(Perspective)
 def _perspective(x: torch.Tensor, op: Perspective, batch: Batch) -> torch.Tensor:
-    return perspective(x, batch.host[:, op.slot:op.slot + 8], op.fill, op.bilinear)
+    return perspective(x, batch.host[:, op.span("a", "h")], op.fill, op.bilinear)
 
 
 @kernel(Flip)
 def _flip(x: torch.Tensor, op: Flip, batch: Batch) -> torch.Tensor:
-    return torch.where(batch.flag(op.slot), x.flip(2 if op.vertical else 3), x)
+    return torch.where(batch.flag(op.col("apply")), x.flip(2 if op.vertical else 3), x)

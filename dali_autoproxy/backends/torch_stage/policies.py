@@ -38,8 +38,8 @@ def augment(x: torch.Tensor, op: Augment, host) -> torch.Tensor:
     blends one blend pass, the others a group each; a group is gathered, computed and written
     back. Few groups matter: each costs launches, and the stage's thread pays for them (where Triton
     runs, augment_fused does the whole batch in one kernel)."""
-    codes = host[:, op.slot].astype(np.int64)
-    mags = host[:, op.slot + 1].astype(np.float64)
+    codes = host[:, op.col("operation")].astype(np.int64)
+    mags = host[:, op.col("magnitude")].astype(np.float64)
     names = [AUGMENT_OPS[c] for c in codes]
     groups: dict = {}
     for i, name in enumerate(names):
@@ -96,8 +96,8 @@ def augment_fused(x: torch.Tensor, op, host: np.ndarray) -> Optional[torch.Tenso
     module = fused_color.load_augment()
     kinds = {name: k for k, name in enumerate(module.AUG_KINDS)}
     b, c, h, w = x.shape
-    codes = host[:, op.slot].astype(np.int64)
-    mags = np.asarray(host[:, op.slot + 1], dtype=np.float64)
+    codes = host[:, op.col("operation")].astype(np.int64)
+    mags = np.asarray(host[:, op.col("magnitude")], dtype=np.float64)
     names = [AUGMENT_OPS[k] for k in codes]
     kind = np.zeros(b, dtype=np.int32)
     fparam = np.zeros(b, dtype=np.float32)

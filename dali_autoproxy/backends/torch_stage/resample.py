@@ -247,7 +247,7 @@ def _by_order(two_passes, x, in_hw, out_hw, kinds, order) -> torch.Tensor:
 
 @kernel(PillowResize)
 def _pillow_resize(x: torch.Tensor, op: PillowResize, batch: Batch) -> torch.Tensor:
-    p = batch.host[:, op.slot:op.slot + 5].astype(np.int64)
+    p = batch.host[:, op.span("in_height", "filter")].astype(np.int64)
     out = pillow_resize(x, p[:, 0:2], p[:, 2:4], p[:, 4])
     batch.sizes = p[:, 2:4]
     return out
@@ -263,7 +263,7 @@ def _valid_sizes(x: torch.Tensor, batch: Batch) -> np.ndarray:
 def _crop(x: torch.Tensor, op: Crop, batch: Batch) -> torch.Tensor:
     """Each sample's box [top, left, height, width] of its valid region; outside it ``op.fill``
     (how Pad and padded crops are expressed), past the box's own size (samples of other sizes) 0."""
-    boxes = batch.host[:, op.slot:op.slot + 4].astype(np.int64)
+    boxes = batch.host[:, op.span("top", "width")].astype(np.int64)
     sizes = _valid_sizes(x, batch)
     n, c = x.shape[0], x.shape[1]
     out_h, out_w = int(boxes[:, 2].max()), int(boxes[:, 3].max())

@@ -8,7 +8,7 @@ from dali_autoproxy.plan.ir import Erase, Normalize, ToCHW, ToFloat
 
 
 def erase(x: torch.Tensor, op: Erase, params: torch.Tensor) -> torch.Tensor:
-    top, left, hh, ww = (params[:, op.slot + k].view(-1, 1, 1, 1) for k in range(4))
+    top, left, hh, ww = (params[:, op.col(name)].view(-1, 1, 1, 1) for name in ("top", "left", "height", "width"))
     rows = torch.arange(x.shape[2], device=x.device, dtype=params.dtype).view(1, 1, -1, 1)
     cols = torch.arange(x.shape[3], device=x.device, dtype=params.dtype).view(1, 1, 1, -1)
     inside = (rows >= top) & (rows < top + hh) & (cols >= left) & (cols < left + ww)

@@ -79,7 +79,7 @@ def tensor_color_jitter(x: torch.Tensor, op: TensorColorJitter, host, integer: b
     together (torchvision's kernels, batched: tensor_jitter_kernels)."""
     kernels = tensor_jitter_kernels(op.api)
     order = jitter_order(host, op)
-    factors = np.asarray(host[:, op.slot + 4:op.slot + 8], dtype=np.float64)
+    factors = np.asarray(host[:, op.span("brightness", "hue")], dtype=np.float64)
     for k in range(4):
         for which in range(4):
             rows = np.flatnonzero(order[:, k] == which)
@@ -94,7 +94,7 @@ def tensor_color_jitter(x: torch.Tensor, op: TensorColorJitter, host, integer: b
 def _tensor_color_jitter(x: torch.Tensor, op: TensorColorJitter, batch: Batch) -> torch.Tensor:
     if op.api == "v2" and batch.integer and fused_color.tensor_fits(x) and fused_color.usable(x):
         out = fused_color.tensor_color_jitter_v2(x, jitter_order(batch.host, op),
-                                                 batch.host[:, op.slot + 4:op.slot + 8])
+                                                 batch.host[:, op.span("brightness", "hue")])
         if out is not None:  # one Triton kernel per batch, the same values
             return out
     return tensor_color_jitter(x, op, batch.host, batch.integer)

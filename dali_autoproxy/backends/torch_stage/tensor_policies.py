@@ -102,8 +102,8 @@ def _sharpness(image: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
 
 def tensor_augment(x: torch.Tensor, op: TensorAugment, host, integer: bool) -> torch.Tensor:
     """One policy operation per sample on tensor images (module docstring)."""
-    codes = host[:, op.slot].astype(np.int64)
-    magnitudes = host[:, op.slot + 1].astype(np.float64)
+    codes = host[:, op.col("operation")].astype(np.int64)
+    magnitudes = host[:, op.col("magnitude")].astype(np.float64)
     batched = op.api == "v2" and integer
     groups: Dict[tuple, List[int]] = {}
     for i, (code, m) in enumerate(zip(codes, magnitudes)):

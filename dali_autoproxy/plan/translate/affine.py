@@ -20,7 +20,7 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
-from dali_autoproxy.plan.ir import PERSPECTIVE_IDENTITY, ChainState, Perspective, Step, Unsupported, Warp
+from dali_autoproxy.plan.ir import ChainState, Perspective, Step, Unsupported, Warp
 from dali_autoproxy.plan.translate.geometry import as_mode
 from dali_autoproxy.plan.translate.registry import register, transform_name, v2_params
 from dali_autoproxy.plan.tv_internals import rotation_matrix
@@ -63,7 +63,7 @@ def random_rotation(t, state: ChainState, alloc) -> Step:
         raise Unsupported(f"{transform_name(t)}(expand=True) changes each image's size; not translated")
     fill = pil_fill(t.fill if not isinstance(t.fill, dict) else t.fill, state.channels)
     center = t.center
-    slot = alloc(6)
+    warp = Warp(alloc(Warp), fill, bilinear)
     if isinstance(t, v2.Transform):
         params = v2_params(t)
 
@@ -76,8 +76,8 @@ def random_rotation(t, state: ChainState, alloc) -> Step:
             return T.RandomRotation.get_params(degrees)
 
     def draw(g) -> None:
-        g.params += rotation_matrix(angle_of(g), g.width, g.height, center)
-    return Step(transform_name(t), [Warp(slot, fill, bilinear)], draw)
+        g.put(warp, *rotation_matrix(angle_of(g), g.width, g.height, center))
+    return Step(transform_name(t), [warp], draw)
 
 
 @register(T.RandomAffine, v2.RandomAffine)
@@ -86,7 +86,7 @@ def random_affine(t, state: ChainState, alloc) -> Step:
     bilinear = pil_resample(t, state, WARP_MODES) == InterpolationMode.BILINEAR
     fill = pil_fill(t.fill, state.channels)
     center = t.center
-    slot = alloc(6)
+    warp = Warp(alloc(Warp), fill, bilinear)
     if isinstance(t, v2.Transform):
         params = v2_params(t)
 
@@ -100,9 +100,9 @@ def random_affine(t, state: ChainState, alloc) -> Step:
     def draw(g) -> None:
         angle, translate, scale, shear = drawn(g)
         c = list(center) if center is not None else [g.width * 0.5, g.height * 0.5]
-        g.params += list(_get_inverse_affine_matrix(c, float(angle), [float(v) for v in translate], float(scale),
-                                                    [float(v) for v in shear]))
-    return Step(transform_name(t), [Warp(slot, fill, bilinear)], draw)
+        g.put(warp, *_get_inverse_affine_matrix(c, float(angle), [float(v) for v in translate], float(scale),
+                                                [float(v) for v in shear]))
+    return Step(transform_name(t), [warp], draw)
 
 
 @register(T.RandomPerspective, v2.RandomPerspective)
@@ -117,7 +117,7 @@ def random_perspective(t, state: ChainState, alloc) -> Step:
         raise Unsupported(f"{transform_name(t)} with {mode.value} interpolation (Pillow's bicubic filter) "
                           "is not translated; NEAREST and BILINEAR are")
     fill = pil_fill(t.fill, state.channels)
-    slot, p = alloc(8), float(t.p)
+    op, p = Perspective(alloc(Perspective), fill, mode == InterpolationMode.BILINEAR), float(t.p)
     if isinstance(t, v2.Transform):
         params = v2_params(t)
 
@@ -134,6 +134,5 @@ def random_perspective(t, state: ChainState, alloc) -> Step:
 
     def draw(g) -> None:
         coeffs = coefficients(g)
-        g.params += list(PERSPECTIVE_IDENTITY) if coeffs is None else [float(v) for v in coeffs]
-    return Step(transform_name(t), [Perspective(slot, fill, mode == InterpolationMode.BILINEAR)], draw,
-                neutral=list(PERSPECTIVE_IDENTITY))
+        g.put(op, *(Perspective.neutral if coeffs is None else [float(v) for v in coeffs]))
+    return Step(transform_name(t), [op], draw, neutral=list(Perspective.neutral))

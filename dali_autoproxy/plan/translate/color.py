@@ -6,6 +6,7 @@ Random decisions and factors are drawn as torchvision draws them (``coin_drawer`
 """
 from __future__ import annotations
 
+import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
@@ -32,8 +33,8 @@ def _uint8_only(t, state: ChainState) -> None:
 
 def _apply_with_p(t, state: ChainState, alloc, kind: str, arg: int = 0) -> Step:
     _uint8_only(t, state)
-    slot = alloc(1)
-    return Step(transform_name(t), [PixelOp(kind, slot, arg)], coin_drawer(float(t.p)), neutral=[0])
+    return Step(transform_name(t), [PixelOp(kind, alloc(PixelOp), arg)], coin_drawer(float(t.p)),
+                neutral=list(PixelOp.neutral))
 
 
 @register(T.RandomInvert, v2.RandomInvert)
@@ -76,7 +77,8 @@ def color_jitter(t, state: ChainState, alloc) -> Step:
     ranges = (t.brightness, t.contrast, t.saturation, t.hue)
     enabled = tuple(r is not None for r in ranges)
     fast = not tensor and state.fidelity == "fast"
-    slot = alloc(16 if fast else 8)
+    op_type = FastColorJitter if fast else TensorColorJitter if tensor else ColorJitterOp
+    slot = alloc(op_type) if any(enabled) else None
     if isinstance(t, v2.Transform):
         params = v2_params(t)
 
@@ -90,21 +92,25 @@ def color_jitter(t, state: ChainState, alloc) -> Step:
 
     def draw(g) -> None:
         order, b, c, s, h = drawn(g)
-        g.params += [int(i) for i in order]
-        g.params += [1.0 if b is None else float(b), 1.0 if c is None else float(c),
-                     1.0 if s is None else float(s),
-                     (0.0 if h is None else float(h)) if tensor else (0 if h is None else int(h * 255) % 256)]
+        first, second, third, fourth = (int(i) for i in order)
+        g.put(op, first=first, second=second, third=third, fourth=fourth,
+              brightness=1.0 if b is None else float(b), contrast=1.0 if c is None else float(c),
+              saturation=1.0 if s is None else float(s),
+              hue=(0.0 if h is None else float(h)) if tensor else (0 if h is None else int(h * 255) % 256))
     if not any(enabled):
         return Step(transform_name(t), [], drawn, neutral=[])  # torchvision still draws the permutation
     if fast:
+        op = FastColorJitter(slot)
+        adjustments = ("brightness", "contrast", "saturation", "hue")
+
         def draw_per_position(g) -> None:
             order, *factors = drawn(g)
-            row = [1.0, 1.0, 1.0, 0.0] * 4
+            values = dict(zip(FastColorJitter.params, FastColorJitter.neutral))
             for k, which in enumerate(int(i) for i in order):
                 if factors[which] is not None:
-                    row[4 * k + which] = float(factors[which])
-            g.params += row
-        return Step(transform_name(t), [FastColorJitter(slot)], draw_per_position, neutral=[1.0, 1.0, 1.0, 0.0] * 4)
+                    values[f"{adjustments[which]}{k}"] = float(factors[which])
+            g.put(op, **values)
+        return Step(transform_name(t), [op], draw_per_position, neutral=list(FastColorJitter.neutral))
     if tensor:
         api = "v2" if isinstance(t, v2.Transform) else "v1"
         try:
@@ -112,10 +118,10 @@ def color_jitter(t, state: ChainState, alloc) -> Step:
         except (ImportError, AttributeError) as exc:  # torchvision moved its private kernels
             raise Unsupported(f"{transform_name(t)} on tensors needs torchvision's tensor kernels, "
                               f"not found in this torchvision ({exc})") from None
-        return Step(transform_name(t), [TensorColorJitter(slot, enabled, api)], draw,
-                    neutral=[4, 4, 4, 4, 1.0, 1.0, 1.0, 0.0])
-    # position index 4 matches no adjustment: the image passes through unchanged
-    return Step(transform_name(t), [ColorJitterOp(slot, enabled)], draw, neutral=[4, 4, 4, 4, 1.0, 1.0, 1.0, 0])
+        op = TensorColorJitter(slot, enabled, api)
+        return Step(transform_name(t), [op], draw, neutral=list(TensorColorJitter.neutral))
+    op = ColorJitterOp(slot, enabled)  # its neutral order (JITTER_SKIP) matches no adjustment
+    return Step(transform_name(t), [op], draw, neutral=list(ColorJitterOp.neutral))
 
 
 def _to_gray(t, state: ChainState, channels: int, slot=None) -> Step:
@@ -137,23 +143,22 @@ def grayscale(t, state: ChainState, alloc) -> Step:
 @register(T.RandomGrayscale, v2.RandomGrayscale)
 def random_grayscale(t, state: ChainState, alloc) -> Step:
     """Keeps the input's channel count, as torchvision does."""
-    step = _to_gray(t, state, state.channels, alloc(1))
-    step.draw, step.neutral = coin_drawer(float(t.p)), [0]
+    step = _to_gray(t, state, state.channels, alloc(GrayscaleOp))
+    step.draw, step.neutral = coin_drawer(float(t.p)), list(GrayscaleOp.neutral)
     return step
 
 
 def _policy_op(t, state: ChainState, alloc, name: str, magnitude: float) -> Step:
     """A single policy operation applied with probability p (the torch stage's exact kernels)."""
     _pil_rgb_only(t, state)
-    slot = alloc(2)
-    coin = coin_drawer(float(t.p))
+    op = Augment(alloc(Augment), (0.0,) * state.channels)
+    p = float(t.p)
     code = AUGMENT_OPS.index(name)
 
     def draw(g) -> None:
-        coin(g)
-        applied = g.params.pop()
-        g.params += [code, magnitude] if applied else [0, 0.0]
-    return Step(transform_name(t), [Augment(slot, (0.0,) * state.channels)], draw, neutral=[0, 0.0])
+        applied = bool(torch.rand(1) < p)  # coin_drawer's draw
+        g.put(op, *((code, magnitude) if applied else Augment.neutral))
+    return Step(transform_name(t), [op], draw, neutral=list(Augment.neutral))
 
 
 @register(T.RandomAdjustSharpness, v2.RandomAdjustSharpness)

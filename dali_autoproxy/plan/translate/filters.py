@@ -18,18 +18,17 @@ def gaussian_blur(t, state: ChainState, alloc) -> Step:
     kernel_x, kernel_y = (int(k) for k in t.kernel_size)  # torchvision orders it (x, y)
     if state.kind == "tensor" and state.dtype not in ("uint8", "float32"):
         raise Unsupported(f"GaussianBlur on {state.dtype} tensors is not translated")
-    slot = alloc(2)
+    blur = Blur((kernel_y, kernel_x), alloc(Blur))
     if isinstance(t, v2.Transform):
         params = v2_params(t)
 
         def draw(g) -> None:
             sigma_x, sigma_y = params([g.standin()])["sigma"]
-            g.params += [float(sigma_y), float(sigma_x)]
+            g.put(blur, sigma_y=float(sigma_y), sigma_x=float(sigma_x))
     else:
         low, high = float(t.sigma[0]), float(t.sigma[1])
 
         def draw(g) -> None:
             sigma = T.GaussianBlur.get_params(low, high)
-            g.params += [sigma, sigma]
-    # a sigma this small makes every weight but the centre's underflow to 0: the identity
-    return Step(transform_name(t), [Blur((kernel_y, kernel_x), slot)], draw, neutral=[1e-3, 1e-3])
+            g.put(blur, sigma_y=sigma, sigma_x=sigma)
+    return Step(transform_name(t), [blur], draw, neutral=list(Blur.neutral))

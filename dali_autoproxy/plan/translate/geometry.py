@@ -87,20 +87,19 @@ def exact_resize_step(name: str, kinds, state: ChainState, alloc, out_size: Opti
                       size=None, max_size: Optional[int] = None, crop: Optional[Callable] = None,
                       crop_slot: Optional[int] = None) -> Step:
     """A Pillow-exact resize (after an optional random crop ``crop(g) -> (top, left, h, w)``):
-    params [h, w, out_h, out_w, filter]; ``kinds()`` gives each sample's Pillow filter (one fixed
-    filter, or timm's per-image draw)."""
-    slot = alloc(5)
+    ``kinds()`` gives each sample's Pillow filter (one fixed filter, or timm's per-image draw)."""
+    cropping = Crop(crop_slot, in_bounds=True) if crop is not None else None
+    resizing = PillowResize(alloc(PillowResize), out_size)
 
     def draw(g: SampleGeometry) -> None:
-        if crop is not None:
-            box = [int(v) for v in crop(g)]
-            g.params += box
-            g.height, g.width = box[2], box[3]
+        if cropping is not None:
+            top, left, height, width = (int(v) for v in crop(g))
+            g.put(cropping, top=top, left=left, height=height, width=width)
+            g.height, g.width = height, width
         out_h, out_w = out_size if out_size is not None else resized_output_size(g.height, g.width, size, max_size)
-        g.params += [g.height, g.width, out_h, out_w, kinds()]
+        g.put(resizing, in_height=g.height, in_width=g.width, out_height=out_h, out_width=out_w, filter=kinds())
         g.height, g.width = out_h, out_w
-    ops = ([Crop(crop_slot, in_bounds=True)] if crop is not None else []) + [PillowResize(slot, out_size)]
-    return Step(name, ops, draw)
+    return Step(name, ([cropping] if cropping is not None else []) + [resizing], draw)
 
 
 def _size_pair(size) -> Tuple[int, int]:
@@ -133,7 +132,7 @@ def random_resized_crop(t, state: ChainState, alloc) -> Step:
     kind = pillow_kind(t.interpolation, state)
     if kind is None:
         interp, antialias = resample_mode(t.interpolation, getattr(t, "antialias", True), state)
-    slot = alloc(4)
+    slot = alloc(Crop)
     if isinstance(t, v2.Transform):
         params = v2_params(t)
 
@@ -150,11 +149,12 @@ def random_resized_crop(t, state: ChainState, alloc) -> Step:
         return exact_resize_step(transform_name(t), lambda: kind, state, alloc, (out_h, out_w), crop=box,
                                  crop_slot=slot)
 
+    cropping = Crop(slot, in_bounds=True)
+
     def draw(g: SampleGeometry) -> None:
-        g.params += list(box(g))
+        g.put(cropping, *box(g))
         g.height, g.width = out_h, out_w
-    return Step(transform_name(t), [Crop(slot, in_bounds=True),
-                                    Resize(interp, antialias, size=(out_h, out_w))], draw)
+    return Step(transform_name(t), [cropping, Resize(interp, antialias, size=(out_h, out_w))], draw)
 
 
 @register(T.Resize, v2.Resize)
@@ -173,13 +173,13 @@ def resize(t, state: ChainState, alloc) -> Step:
         def draw(g: SampleGeometry) -> None:
             g.height, g.width = fixed
         return Step(transform_name(t), [Resize(interp, antialias, size=fixed)], draw)
-    slot = alloc(2)
+    resizing = Resize(interp, antialias, slot=alloc(Resize))
     state.fixed_size = None
 
     def draw_var(g: SampleGeometry) -> None:
         g.height, g.width = resized_output_size(g.height, g.width, size, max_size)
-        g.params += [g.height, g.width]
-    return Step(transform_name(t), [Resize(interp, antialias, slot=slot)], draw_var)
+        g.put(resizing, height=g.height, width=g.width)
+    return Step(transform_name(t), [resizing], draw_var)
 
 
 def center_crop_box(height: int, width: int, crop_h: int, crop_w: int) -> Tuple[int, int]:
@@ -195,20 +195,19 @@ def center_crop_box(height: int, width: int, crop_h: int, crop_w: int) -> Tuple[
 @register(T.CenterCrop, v2.CenterCrop)
 def center_crop(t, state: ChainState, alloc) -> Step:
     crop_h, crop_w = _size_pair(t.size)
-    slot = alloc(4)
+    cropping = Crop(alloc(Crop), in_bounds=False)
     state.fixed_size = (crop_h, crop_w)
 
     def draw(g: SampleGeometry) -> None:
         top, left = center_crop_box(g.height, g.width, crop_h, crop_w)
-        g.params += [top, left, crop_h, crop_w]
+        g.put(cropping, top=top, left=left, height=crop_h, width=crop_w)
         g.height, g.width = crop_h, crop_w
-    return Step(transform_name(t), [Crop(slot, in_bounds=False)], draw)
+    return Step(transform_name(t), [cropping], draw)
 
 
 @register(T.RandomHorizontalFlip, v2.RandomHorizontalFlip)
 def random_horizontal_flip(t, state: ChainState, alloc) -> Step:
-    slot = alloc(1)
-    return Step(transform_name(t), [Flip(slot)], coin_drawer(float(t.p)), neutral=[0])
+    return Step(transform_name(t), [Flip(alloc(Flip))], coin_drawer(float(t.p)), neutral=list(Flip.neutral))
 
 
 def _padding_ltrb(padding) -> Tuple[int, int, int, int]:
@@ -250,13 +249,14 @@ def _constant_fill(t, state: ChainState) -> Tuple[float, ...]:
 def pad(t, state: ChainState, alloc) -> Step:
     left, top, right, bottom = _padding_ltrb(t.padding)
     fill = _constant_fill(t, state)
-    slot = alloc(4)
+    cropping = Crop(alloc(Crop), in_bounds=False, fill=fill)
     state.fixed_size = None
 
     def draw(g: SampleGeometry) -> None:
-        g.params += [-top, -left, g.height + top + bottom, g.width + left + right]
-        g.height, g.width = g.height + top + bottom, g.width + left + right
-    return Step(transform_name(t), [Crop(slot, in_bounds=False, fill=fill)], draw)
+        height, width = g.height + top + bottom, g.width + left + right
+        g.put(cropping, top=-top, left=-left, height=height, width=width)
+        g.height, g.width = height, width
+    return Step(transform_name(t), [cropping], draw)
 
 
 @register(T.RandomCrop, v2.RandomCrop)
@@ -265,7 +265,7 @@ def random_crop(t, state: ChainState, alloc) -> Step:
     (negative or past the edge where the padding is), filled with the constant."""
     fill = _constant_fill(t, state)
     crop_h, crop_w = _size_pair(t.size)
-    slot = alloc(4)
+    cropping = Crop(alloc(Crop), in_bounds=False, fill=fill)
     state.fixed_size = (crop_h, crop_w)
     if isinstance(t, v2.Transform):
         params = v2_params(t)
@@ -277,9 +277,9 @@ def random_crop(t, state: ChainState, alloc) -> Step:
                 top, left = p["top"] - pad_t, p["left"] - pad_l
             else:
                 top, left = -pad_t, -pad_l
-            g.params += [top, left, crop_h, crop_w]
+            g.put(cropping, top=top, left=left, height=crop_h, width=crop_w)
             g.height, g.width = crop_h, crop_w
-        return Step(transform_name(t), [Crop(slot, in_bounds=False, fill=fill)], draw)
+        return Step(transform_name(t), [cropping], draw)
 
     pad_l, pad_t, pad_r, pad_b = _padding_ltrb(t.padding) if t.padding is not None else (0, 0, 0, 0)
 
@@ -292,12 +292,12 @@ def random_crop(t, state: ChainState, alloc) -> Step:
             off_t, h = off_t + (crop_h - h), h + 2 * (crop_h - h)
         g.height, g.width = h, w
         i, j, _, _ = T.RandomCrop.get_params(g.standin(), (crop_h, crop_w))
-        g.params += [i - off_t, j - off_l, crop_h, crop_w]
+        g.put(cropping, top=i - off_t, left=j - off_l, height=crop_h, width=crop_w)
         g.height, g.width = crop_h, crop_w
-    return Step(transform_name(t), [Crop(slot, in_bounds=False, fill=fill)], draw_v1)
+    return Step(transform_name(t), [cropping], draw_v1)
 
 
 @register(T.RandomVerticalFlip, v2.RandomVerticalFlip)
 def random_vertical_flip(t, state: ChainState, alloc) -> Step:
-    slot = alloc(1)
-    return Step(transform_name(t), [Flip(slot, vertical=True)], coin_drawer(float(t.p)), neutral=[0])
+    return Step(transform_name(t), [Flip(alloc(Flip), vertical=True)], coin_drawer(float(t.p)),
+                neutral=list(Flip.neutral))

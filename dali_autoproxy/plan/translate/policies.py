@@ -47,12 +47,12 @@ def _tensor_fill(t, state: ChainState):
     return None if fill is None else tuple(float(f) for f in fill)
 
 
-def _policy_ops(t, state: ChainState, slots):
-    """The ops of a policy with one operation per slot: on a PIL image Pillow's arithmetic
-    (Augment); on a uint8 tensor torchvision's own tensor arithmetic (TensorAugment)."""
+def _policy_ops(t, state: ChainState, alloc, count: int):
+    """The ops of a policy that applies ``count`` operations per sample: on a PIL image Pillow's
+    arithmetic (Augment); on a uint8 tensor torchvision's own tensor arithmetic (TensorAugment)."""
     if state.kind == "pil":
         fill, bilinear = _policy_fill(t, state)
-        return [Augment(s, fill, bilinear) for s in slots]
+        return [Augment(alloc(Augment), fill, bilinear) for _ in range(count)]
     if state.dtype != "uint8":
         raise Unsupported(f"{transform_name(t)} on a float tensor is left to torchvision (its tensor "
                           "policies expect uint8)")
@@ -68,7 +68,7 @@ def _policy_ops(t, state: ChainState, slots):
         raise Unsupported(f"{transform_name(t)} on tensors needs torchvision's policy kernels, "
                           f"not found in this torchvision ({exc})") from None
     fill = _tensor_fill(t, state)
-    return [TensorAugment(s, fill, mode.value, api) for s in slots]
+    return [TensorAugment(alloc(TensorAugment), fill, mode.value, api) for _ in range(count)]
 
 
 def _solarize_scale(ops) -> float:
@@ -84,14 +84,13 @@ def _v1_draw(space, signed_rng=True):
     return name, magnitudes, signed
 
 
-def _record(g, name: str, magnitude: float) -> None:
-    g.params += [AUGMENT_OPS.index(name), float(magnitude)]
+def _record(g, op, name: str, magnitude: float) -> None:
+    g.put(op, operation=AUGMENT_OPS.index(name), magnitude=float(magnitude))
 
 
 @register(T.TrivialAugmentWide)
 def trivial_augment_v1(t, state: ChainState, alloc) -> Step:
-    slot = alloc(2)
-    ops = _policy_ops(t, state, [slot])
+    ops = _policy_ops(t, state, alloc, 1)
     bins = t.num_magnitude_bins
 
     def draw(g) -> None:
@@ -100,24 +99,23 @@ def trivial_augment_v1(t, state: ChainState, alloc) -> Step:
                      if magnitudes.ndim > 0 else 0.0)
         if signed and torch.randint(2, (1,)):
             magnitude *= -1.0
-        _record(g, name, magnitude)
+        _record(g, ops[0], name, magnitude)
     return Step(transform_name(t), ops, draw)
 
 
 @register(T.RandAugment)
 def rand_augment_v1(t, state: ChainState, alloc) -> Step:
-    slots = [alloc(2) for _ in range(t.num_ops)]
-    ops = _policy_ops(t, state, slots)
+    ops = _policy_ops(t, state, alloc, t.num_ops)
     bins, level = t.num_magnitude_bins, t.magnitude
 
     def draw(g) -> None:
         space = t._augmentation_space(bins, (g.height, g.width))
-        for _ in slots:
+        for op in ops:
             name, magnitudes, signed = _v1_draw(space)
             magnitude = float(magnitudes[level].item()) if magnitudes.ndim > 0 else 0.0
             if signed and torch.randint(2, (1,)):
                 magnitude *= -1.0
-            _record(g, name, magnitude)
+            _record(g, op, name, magnitude)
     return Step(transform_name(t), ops, draw)
 
 
@@ -139,27 +137,25 @@ def _v2_item(space):
 
 @register(v2.TrivialAugmentWide)
 def trivial_augment_v2(t, state: ChainState, alloc) -> Step:
-    slot = alloc(2)
-    ops = _policy_ops(t, state, [slot])
+    ops = _policy_ops(t, state, alloc, 1)
     solarize = _solarize_scale(ops)
 
     def draw(g) -> None:
         name, (fn, signed) = _v2_item(t._AUGMENTATION_SPACE)
-        _record(g, name, _v2_magnitude(t, name, fn, signed, g,
+        _record(g, ops[0], name, _v2_magnitude(t, name, fn, signed, g,
                                        lambda: int(torch.randint(t.num_magnitude_bins, ())), solarize))
     return Step(transform_name(t), ops, draw)
 
 
 @register(v2.RandAugment)
 def rand_augment_v2(t, state: ChainState, alloc) -> Step:
-    slots = [alloc(2) for _ in range(t.num_ops)]
-    ops = _policy_ops(t, state, slots)
+    ops = _policy_ops(t, state, alloc, t.num_ops)
     solarize = _solarize_scale(ops)
 
     def draw(g) -> None:
-        for _ in slots:
+        for op in ops:
             name, (fn, signed) = _v2_item(t._AUGMENTATION_SPACE)
-            _record(g, name, _v2_magnitude(t, name, fn, signed, g, lambda: t.magnitude, solarize))
+            _record(g, op, name, _v2_magnitude(t, name, fn, signed, g, lambda: t.magnitude, solarize))
     return Step(transform_name(t), ops, draw)
 
 
@@ -167,8 +163,7 @@ def rand_augment_v2(t, state: ChainState, alloc) -> Step:
 def auto_augment_v1(t, state: ChainState, alloc) -> Step:
     """A sub-policy per sample, each of its two operations applied with its probability
     (Identity where not): torchvision's get_params, then its loop."""
-    slots = [alloc(2) for _ in range(2)]
-    ops = _policy_ops(t, state, slots)
+    ops = _policy_ops(t, state, alloc, 2)
 
     def draw(g) -> None:
         policy_id, probs, signs = t.get_params(len(t.policies))
@@ -179,9 +174,9 @@ def auto_augment_v1(t, state: ChainState, alloc) -> Step:
                 magnitude = float(magnitudes[magnitude_id].item()) if magnitude_id is not None else 0.0
                 if signed and signs[i] == 0:
                     magnitude *= -1.0
-                _record(g, name, magnitude)
+                _record(g, ops[i], name, magnitude)
             else:
-                _record(g, "Identity", 0.0)
+                _record(g, ops[i], "Identity", 0.0)
     return Step(transform_name(t), ops, draw)
 
 
@@ -190,18 +185,17 @@ def auto_augment_v2(t, state: ChainState, alloc) -> Step:
     policies = t._policies
     if any(len(p) != 2 for p in policies):
         raise Unsupported(f"{transform_name(t)} with sub-policies of other than two operations")
-    slots = [alloc(2) for _ in range(2)]
-    ops = _policy_ops(t, state, slots)
+    ops = _policy_ops(t, state, alloc, 2)
     solarize = _solarize_scale(ops)
 
     def draw(g) -> None:
         policy = policies[int(torch.randint(len(policies), ()))]
-        for name, probability, magnitude_idx in policy:
+        for op, (name, probability, magnitude_idx) in zip(ops, policy):
             if not torch.rand(()) <= probability:
-                _record(g, "Identity", 0.0)
+                _record(g, op, "Identity", 0.0)
                 continue
             fn, signed = t._AUGMENTATION_SPACE[name]
-            _record(g, name, _v2_magnitude(t, name, fn, signed, g, lambda: magnitude_idx, solarize, bins=10))
+            _record(g, op, name, _v2_magnitude(t, name, fn, signed, g, lambda: magnitude_idx, solarize, bins=10))
     return Step(transform_name(t), ops, draw)
 
 

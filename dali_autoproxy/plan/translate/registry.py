@@ -4,8 +4,9 @@
 A converter is ``fn(transform, state, alloc) -> Step``. It reads the transform's
 parameters, checks them against ``state`` (what torchvision would hold at that point),
 raises :class:`~dali_autoproxy.plan.ir.Unsupported` with a precise reason when DALI cannot
-match torchvision, and returns the ops plus a drawer that runs in the worker. ``alloc(n)``
-reserves n int32 slots in the per-sample params row.
+match torchvision, and returns the ops plus a drawer that runs in the worker. ``alloc(Op)``
+reserves the op's values in the per-sample params row and returns its slot; the drawer writes
+them by name (``g.put(op, name=value, ...)``).
 
 Types are matched exactly (a user's subclass may override ``forward``), as v2 does with
 its kernel registry.
@@ -105,7 +106,7 @@ def coin_drawer(p: float):
     import torch
 
     def draw(g) -> None:
-        g.params.append(int(bool(torch.rand(1) < p)))
+        g.params.append(int(bool(torch.rand(1) < p)))  # the op's "apply", the next value in the row
     return draw
 
 

@@ -111,7 +111,7 @@ def random_erasing(t, state: ChainState, alloc) -> Step:
         raise Unsupported(f"{transform_name(t)} with {len(value)} values for {state.channels} channels; "
                           "torchvision would raise")
     fill = tuple(value * state.channels if len(value) == 1 else value)
-    slot = alloc(4)
+    erase = Erase(alloc(Erase), fill)
     p = float(t.p)
     if isinstance(t, v2.Transform):
         params = v2_params(t)
@@ -129,5 +129,5 @@ def random_erasing(t, state: ChainState, alloc) -> Step:
 
     def draw(g) -> None:
         found = box(g) if torch.rand(1) < p else None
-        g.params += list(found) if found is not None else [0, 0, 0, 0]
-    return Step(transform_name(t), [Erase(slot, fill)], draw, neutral=[0, 0, 0, 0])
+        g.put(erase, *(found if found is not None else Erase.neutral))
+    return Step(transform_name(t), [erase], draw, neutral=list(Erase.neutral))

@@ -20,7 +20,7 @@ def random_resized_crop_and_interpolation(t, state: ChainState, alloc) -> Step:
     exact resize takes a filter per sample."""
     import random
     out_h, out_w = (int(v) for v in t.size)
-    slot = alloc(4)
+    slot = alloc(Crop)
     scale, ratio, get_params = t.scale, t.ratio, type(t).get_params
     state.fixed_size = (out_h, out_w)
     choices = tuple(t.interpolation) if isinstance(t.interpolation, (tuple, list)) else None
@@ -39,10 +39,12 @@ def random_resized_crop_and_interpolation(t, state: ChainState, alloc) -> Step:
         raise Unsupported(f"{transform_name(t)}(interpolation='random') on a {state.kind} image is not translated")
     interp, antialias = resample_mode(t.interpolation, True, state)
 
+    cropping = Crop(slot, in_bounds=True)
+
     def draw(g) -> None:
-        g.params += list(box(g))
+        g.put(cropping, *box(g))
         g.height, g.width = out_h, out_w
-    return Step(transform_name(t), [Crop(slot, in_bounds=True), Resize(interp, antialias, size=(out_h, out_w))], draw)
+    return Step(transform_name(t), [cropping, Resize(interp, antialias, size=(out_h, out_w))], draw)
 
 
 def _from_pil(t, state: ChainState, dtype: str, ops) -> Step:
