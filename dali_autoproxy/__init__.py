@@ -14,7 +14,8 @@ from dali_autoproxy.main.hooks import instrumentor
 from dali_autoproxy.main.report import format_report, print_report, report
 
 __version__ = "0.1.0"
-__all__ = ["enable", "disable", "register_equivalent", "is_enabled", "report", "print_report", "format_report"]
+__all__ = ["enable", "disable", "register_equivalent", "register_op", "is_enabled", "report", "print_report",
+           "format_report"]
 
 
 def enable(*, device: Optional[str] = None, output: Optional[str] = None,
@@ -58,6 +59,13 @@ def register_equivalent(cls: type, to_torchvision: Optional[Callable[[Any], Any]
     declaration. Register where the class is defined, at import time."""
     from dali_autoproxy.plan.translate import register_equivalent as register
     return register(cls, to_torchvision)
+
+
+def register_op(op_type: type, **kernels_and_converter: Any) -> type:
+    """Add an IR op of your own with its converter and its kernels in one place (see
+    ``dali_autoproxy.extend.register_op``, which this calls; it imports torch)."""
+    from dali_autoproxy.extend import register_op as register
+    return register(op_type, **kernels_and_converter)
 
 
 def disable() -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torchvision.transforms.functional as F
 import torchvision.transforms.v2.functional as F2
-from PIL import Image
+from PIL import Image, ImageFilter
 from torchvision.transforms import InterpolationMode as M
 
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
@@ -42,6 +42,7 @@ from dali_autoproxy.plan.ir import (
     jitter_order,
 )
 from dali_autoproxy.plan.kernel_table import KernelTable
+from dali_autoproxy.plan.pillow_ops import PillowBlur
 from dali_autoproxy.plan.planning import Plan
 from dali_autoproxy.plan.tv_internals import tensor_policy_operation
 
@@ -223,3 +224,11 @@ def _to_chw(img, op: ToCHW, row, v2_step):
 @CPU_KERNELS.register(Normalize)
 def _normalize(img, op: Normalize, row, v2_step):
     return F.normalize(img, list(op.mean), list(op.std))
+
+
+@CPU_KERNELS.register(PillowBlur)
+def _pillow_blur(img, op: PillowBlur, row, v2_step):  # what the user's class asked of Pillow
+    radius = (float(op.value(row, "x_radius")), float(op.value(row, "y_radius")))
+    if radius == (0.0, 0.0):
+        return img
+    return img.filter(ImageFilter.GaussianBlur(radius) if op.gaussian else ImageFilter.BoxBlur(radius))

@@ -11,9 +11,9 @@ row. Drawers write them by name (``SampleGeometry.put``), kernels read them by n
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, ClassVar, List, Optional, Sequence, Tuple, Union
+from typing import ClassVar, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -53,6 +53,19 @@ class Op:
     def width(cls) -> int:
         """How many values the op takes in the row."""
         return len(cls.params)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """Every op type is known to the completeness checks as it is defined (``all_ops()``)."""
+        super().__init_subclass__(**kwargs)
+        _OPS.append(cls)
+
+
+_OPS: List[type] = []
+
+
+def all_ops() -> Tuple[type, ...]:
+    """Every IR op type defined so far: the built-in ones and those added with ``register_op``."""
+    return tuple(_OPS)
 
 
 class Placement(Enum):
@@ -313,9 +326,7 @@ class ToCHW(Op):
     placement: ClassVar[Placement] = Placement.EITHER
 
 
-ALL_OPS: Tuple[type, ...] = (Crop, Resize, PillowResize, Flip, PixelOp, ColorJitter, FastColorJitter, TensorColorJitter,
-                             Grayscale, Blur, Erase,
-                             Warp, Perspective, Augment, TensorAugment, ToFloat, Normalize, ToCHW)
+ALL_OPS: Tuple[type, ...] = tuple(_OPS)  # the built-in ops
 
 
 def split_at_takeover(ops: Sequence[Op]) -> Tuple[List[Op], List[Op]]:
@@ -339,61 +350,3 @@ def split_at_takeover(ops: Sequence[Op]) -> Tuple[List[Op], List[Op]]:
                 return list(ops[:k]), list(ops[k:])
             break
     return list(ops), []
-
-
-@dataclass
-class ChainState:
-    """What torchvision would be holding at this point of the chain (types, not pixels)."""
-    kind: str = "pil"        # "pil" (HWC uint8) or "tensor" (CHW)
-    dtype: str = "uint8"     # "uint8" or "float32"
-    channels: int = 3
-    fixed_size: Optional[Tuple[int, int]] = None  # output size when it is the same for all
-    fidelity: str = "exact"  # "fast": approximate DALI operators where they are much faster (ColorJitter)
-    exact_resize: bool = True  # False: DALI's resize for PIL images too (planning's second try)
-
-
-class SampleGeometry:
-    """One sample's size as it moves through the chain, and the params drawn for it."""
-    __slots__ = ("height", "width", "channels", "params")
-
-    def __init__(self, height: int, width: int, channels: int = 3):
-        self.height = height
-        self.width = width
-        self.channels = channels
-        self.params: List[float] = []
-
-    def put(self, op: Op, *values: float, **named: float) -> None:
-        """Append ``op``'s values to the row, by name (``put(crop, top=0, left=0, ...)``) or all of
-        them in the schema's order; every value once. The op's values must come next in the row
-        (its drawer runs in plan order), which is checked."""
-        names = type(op).params
-        if len(self.params) != op.slot:
-            raise RuntimeError(f"{type(op).__name__}'s values go at column {op.slot}, not {len(self.params)}")
-        if values:
-            if named or len(values) != len(names):
-                raise TypeError(f"{type(op).__name__} takes {len(names)} values {names}, got {len(values)}")
-            self.params += list(values)
-            return
-        missing, unknown = set(names) - set(named), set(named) - set(names)
-        if missing or unknown:
-            raise TypeError(f"{type(op).__name__} values: missing {sorted(missing)}, unknown {sorted(unknown)}")
-        self.params += [named[n] for n in names]
-
-    def standin(self):
-        """A zero-cost tensor of the current size, for torchvision's own get_params code."""
-        import torch
-        return torch.empty(1, dtype=torch.uint8).expand(self.channels, self.height, self.width)
-
-
-Drawer = Callable[[SampleGeometry], None]
-
-
-@dataclass
-class Step:
-    """One transform, translated: its name, its ops and its per-sample drawer. ``neutral``:
-    the params row that makes its ops leave the image unchanged, where one exists (what lets
-    RandomApply skip it per sample)."""
-    name: str
-    ops: List[Op] = field(default_factory=list)
-    draw: Optional[Drawer] = None
-    neutral: Optional[List[float]] = None

@@ -18,17 +18,9 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Iterator, List, Optional, Tuple
 
-from dali_autoproxy.plan.ir import (
-    ChainState,
-    Op,
-    Placement,
-    SampleGeometry,
-    Step,
-    ToCHW,
-    Unsupported,
-    split_at_takeover,
-)
+from dali_autoproxy.plan.ir import Op, Placement, ToCHW, Unsupported, split_at_takeover
 from dali_autoproxy.plan.settings import SETTINGS
+from dali_autoproxy.plan.steps import ChainState, SampleGeometry, Step
 from dali_autoproxy.plan.translate import flatten, is_chain, lookup, transform_name
 
 Path = Tuple[Any, ...]  # how a chain was reached from the loader's dataset (for messages)

@@ -10,7 +10,7 @@ Everything per sample (crop boxes, sizes, flip flags) arrives through external s
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -19,10 +19,7 @@ from dali_autoproxy.backends.dali.nvjpeg import region_decode_like_libjpeg
 from dali_autoproxy.backends.torch_stage import TorchStage
 from dali_autoproxy.config import Options
 from dali_autoproxy.plan.ir import (
-    Augment,
     Blur,
-    ChainState,
-    ColorJitter,
     Crop,
     Erase,
     FastColorJitter,
@@ -30,24 +27,27 @@ from dali_autoproxy.plan.ir import (
     Grayscale,
     Normalize,
     Op,
-    Perspective,
-    PillowResize,
     PixelOp,
+    Placement,
     Resize,
-    TensorAugment,
-    TensorColorJitter,
     ToCHW,
     ToFloat,
-    Warp,
     compose_affine,
     split_at_takeover,
 )
 from dali_autoproxy.plan.kernel_table import KernelTable
 from dali_autoproxy.plan.planning import Plan
+from dali_autoproxy.plan.steps import ChainState
 
-DALI_KERNELS = KernelTable("DALI lowering")
-DALI_KERNELS.not_here("exact only as torch ops; the torch stage takes over from it",
-                      ColorJitter, TensorColorJitter, Warp, Perspective, Augment, TensorAugment, PillowResize)
+
+def _torch_only(op_type: type) -> Optional[str]:
+    """An op placed in the torch stage only is exact only as torch ops: never lowered to DALI."""
+    if op_type.placement is Placement.TORCH:
+        return "exact only as torch ops; the torch stage takes over from it"
+    return None
+
+
+DALI_KERNELS = KernelTable("DALI lowering", absent_by_default=_torch_only)
 
 _TAIL_OPS = frozenset((Flip, ToFloat, Normalize, ToCHW))  # what one crop_mirror_normalize can finish with
 

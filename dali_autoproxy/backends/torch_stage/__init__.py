@@ -17,27 +17,24 @@ here is the ops' ``placement`` (``ir.split_at_takeover``).
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import List, Sequence, Union
 
 import numpy as np
 import torch
 
-from dali_autoproxy.backends.torch_stage import (  # noqa: F401  (kernels)
-    color,
-    filters,
-    geometry,
-    policies,
-    resample,
-    tensor,
-    tensor_jitter,
-    tensor_policies,
-)
 from dali_autoproxy.backends.torch_stage.color import hue_tables
 from dali_autoproxy.backends.torch_stage.geometry import perspective, warp
 from dali_autoproxy.backends.torch_stage.policies import augment
 from dali_autoproxy.backends.torch_stage.registry import TORCH_KERNELS, Batch, upload
 from dali_autoproxy.backends.torch_stage.resample import uniform
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
+
+# every module of this package registers its kernels when imported (the Triton ones load lazily)
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 
 class TorchStage:

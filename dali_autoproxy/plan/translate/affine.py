@@ -20,7 +20,8 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
-from dali_autoproxy.plan.ir import ChainState, Perspective, Step, Unsupported, Warp
+from dali_autoproxy.plan.ir import Perspective, Unsupported, Warp
+from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.geometry import as_mode
 from dali_autoproxy.plan.translate.registry import register, transform_name, v2_params
 from dali_autoproxy.plan.tv_internals import rotation_matrix

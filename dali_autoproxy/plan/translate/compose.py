@@ -13,7 +13,8 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-from dali_autoproxy.plan.ir import ChainState, Step, Unsupported
+from dali_autoproxy.plan.ir import Unsupported
+from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.registry import flatten, lookup, register, transform_name
 
 

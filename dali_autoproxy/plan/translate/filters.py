@@ -9,7 +9,8 @@ from __future__ import annotations
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-from dali_autoproxy.plan.ir import Blur, ChainState, Step, Unsupported
+from dali_autoproxy.plan.ir import Blur, Unsupported
+from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.registry import register, transform_name, v2_params
 
 

@@ -13,17 +13,8 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
-from dali_autoproxy.plan.ir import (
-    PILLOW_FILTERS,
-    ChainState,
-    Crop,
-    Flip,
-    PillowResize,
-    Resize,
-    SampleGeometry,
-    Step,
-    Unsupported,
-)
+from dali_autoproxy.plan.ir import PILLOW_FILTERS, Crop, Flip, PillowResize, Resize, Unsupported
+from dali_autoproxy.plan.steps import ChainState, SampleGeometry, Step
 from dali_autoproxy.plan.translate.registry import coin_drawer, register, transform_name, v2_params
 
 

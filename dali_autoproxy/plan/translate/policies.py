@@ -15,7 +15,8 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
-from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment, ChainState, Step, TensorAugment, Unsupported
+from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment, TensorAugment, Unsupported
+from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.affine import pil_fill, pil_resample
 from dali_autoproxy.plan.translate.geometry import as_mode
 from dali_autoproxy.plan.translate.registry import register, transform_name

@@ -13,9 +13,14 @@ its kernel registry.
 """
 from __future__ import annotations
 
+import ast
+import hashlib
+import inspect
+import textwrap
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
-from dali_autoproxy.plan.ir import ChainState, Step, Unsupported
+from dali_autoproxy.plan.ir import Unsupported
+from dali_autoproxy.plan.steps import ChainState, Step
 
 Converter = Callable[..., Step]
 _REGISTRY: Dict[type, Converter] = {}
@@ -37,8 +42,50 @@ def register(*types: Union[type, str]) -> Callable[[Converter], Converter]:
     return deco
 
 
+_BY_CODE: Dict[str, Converter] = {}  # fingerprint of a class's __call__: its converter
+_FINGERPRINTS: Dict[type, Optional[str]] = {}
+
+
+def fingerprint(fn: Callable) -> str:
+    """A short hash of a function's syntax tree, docstrings left out: equal for the same code
+    however it is formatted or commented (how a class is recognised by what it does)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha1(ast.dump(tree, include_attributes=False).encode()).hexdigest()[:16]
+
+
+def call_fingerprint(cls: type) -> Optional[str]:
+    """The fingerprint of a class's own Python ``__call__`` (None: none, or no source), cached."""
+    if cls not in _FINGERPRINTS:
+        call = vars(cls).get("__call__")
+        try:
+            _FINGERPRINTS[cls] = fingerprint(call) if inspect.isfunction(call) else None
+        except (OSError, TypeError, SyntaxError):
+            _FINGERPRINTS[cls] = None
+    return _FINGERPRINTS[cls]
+
+
+def register_by_code(*fingerprints: str) -> Callable[[Converter], Converter]:
+    """Register ``fn`` for any class whose own ``__call__`` has one of these fingerprints: a class
+    recognised by its code (a wrapper that only calls ``self.transform``), whatever its name."""
+    def deco(fn: Converter) -> Converter:
+        for f in fingerprints:
+            if f in _BY_CODE:
+                raise ValueError(f"code {f} already has a converter")
+            _BY_CODE[f] = fn
+        return fn
+    return deco
+
+
 def _converter(cls: type):
-    return _REGISTRY.get(cls) or _NAMED.get(f"{cls.__module__}.{cls.__qualname__}")
+    found = _REGISTRY.get(cls) or _NAMED.get(f"{cls.__module__}.{cls.__qualname__}")
+    if found is None and _BY_CODE and "__call__" in vars(cls):
+        found = _BY_CODE.get(call_fingerprint(cls) or "")
+    return found
 
 
 def lookup(transform: object) -> Converter:
@@ -87,16 +134,22 @@ def register_equivalent(cls: type, to_torchvision: Optional[Callable[[object], o
         return lambda fn: register_equivalent(cls, fn)
 
     def convert(t, state: ChainState, alloc) -> Step:
-        steps = [lookup(x)(x, state, alloc) for x in flatten(to_torchvision(t))]
-        draws = [s.draw for s in steps if s.draw is not None]
-
-        def draw(g) -> None:
-            for d in draws:
-                d(g)
-        neutral = None if any(s.neutral is None for s in steps) else [v for s in steps for v in s.neutral]
-        return Step(transform_name(t), [op for s in steps for op in s.ops], draw if draws else None, neutral)
+        return translate_as(t, to_torchvision(t), state, alloc)
     register(cls)(convert)
     return to_torchvision
+
+
+def translate_as(t: object, equivalent: object, state: ChainState, alloc) -> Step:
+    """One Step for ``t`` made of the translation of ``equivalent`` (a transform or a Compose):
+    its ops, its drawers in order, its neutral row where every part has one."""
+    steps = [lookup(x)(x, state, alloc) for x in flatten(equivalent)]
+    draws = [s.draw for s in steps if s.draw is not None]
+
+    def draw(g) -> None:
+        for d in draws:
+            d(g)
+    neutral = None if any(s.neutral is None for s in steps) else [v for s in steps for v in s.neutral]
+    return Step(transform_name(t), [op for s in steps for op in s.ops], draw if draws else None, neutral)
 
 
 def coin_drawer(p: float):

@@ -10,7 +10,8 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-from dali_autoproxy.plan.ir import ChainState, Erase, Normalize, Step, ToCHW, ToFloat, Unsupported
+from dali_autoproxy.plan.ir import Erase, Normalize, ToCHW, ToFloat, Unsupported
+from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.registry import register, transform_name, v2_params
 
 _FLOATS = (torch.float32,)

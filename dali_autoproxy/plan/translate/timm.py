@@ -6,7 +6,8 @@ resized_crop does; the conversions map onto the torchvision ones they equal.
 """
 from __future__ import annotations
 
-from dali_autoproxy.plan.ir import ChainState, Crop, Resize, Step, ToCHW, ToFloat, Unsupported
+from dali_autoproxy.plan.ir import Crop, Resize, ToCHW, ToFloat, Unsupported
+from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.geometry import exact_resize_step, pillow_kind, resample_mode
 from dali_autoproxy.plan.translate.registry import register, transform_name
 

@@ -1,0 +1,163 @@
+"""Pillow's own filters as the self-supervised recipes' classes call them: the PillowBlur op
+(``ImageFilter.GaussianBlur`` / ``BoxBlur``) against Pillow on photographs, every pixel; the
+classes of lightly, MoCo and DINO recognised by their code; lightly's recipes, unchanged, through
+real DataLoader workers on DALI's CPU backend, equal to plain for the same seeds."""
+import os
+import random
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from helpers import image_folder, last_report, load_all
+from photos import photographs
+from PIL import Image, ImageFilter
+
+import dali_autoproxy
+from dali_autoproxy.backends.torch_stage.pillow_filters import pillow_blur
+from dali_autoproxy.plan.ir import Unsupported
+from dali_autoproxy.plan.planning import build_plan
+
+RADII = [0.0, 0.1, 0.5, 0.99, 1.0, 1.7, 2.0, 3.25, 7.9, 40.0, 150.0]
+
+
+@pytest.mark.parametrize("gaussian", [True, False], ids=["GaussianBlur", "BoxBlur"])
+@pytest.mark.parametrize("size", [(64, 96), (17, 5), (1, 9)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_pillow_blur_equals_pillow_every_pixel(gaussian, size, mode):
+    """A batch where each sample has its own radius (0, fractional, larger than the image)."""
+    h, w = size
+    photo = Image.fromarray(photographs()[1]).convert(mode)
+    crops = [photo.crop((13 * k, 7 * k, 13 * k + w, 7 * k + h)) for k in range(len(RADII))]
+    x_radii = np.array(RADII)
+    y_radii = np.array(RADII[::-1])
+    batch = torch.stack([torch.from_numpy(np.asarray(c).reshape(h, w, -1)).permute(2, 0, 1) for c in crops])
+    out = pillow_blur(batch.float(), x_radii, y_radii, 3 if gaussian else 1, gaussian)
+    for k, crop in enumerate(crops):
+        radius = (float(x_radii[k]), float(y_radii[k]))
+        pil = ImageFilter.GaussianBlur(radius) if gaussian else ImageFilter.BoxBlur(radius)
+        want = np.asarray(crop.filter(pil)).reshape(h, w, -1)
+        got = out[k].permute(1, 2, 0).to(torch.uint8).numpy()
+        assert np.array_equal(got, want), (radius, int(np.abs(got.astype(int) - want).max()))
+
+
+def _lightly():
+    return pytest.importorskip("lightly.transforms")
+
+
+def _seeded_runs(ds, **kw):
+    """Plain and autoproxied epochs with Python's and NumPy's generators seeded alike (the
+    workers inherit them: lightly draws with NumPy, MoCo and DINO with Python's random)."""
+    runs = []
+    for proxied in (False, True):
+        random.seed(7)
+        np.random.seed(7)
+        runs.append(load_all(ds, autoproxy=proxied, resize="pillow", **kw))
+    return runs
+
+
+def _assert_same(ref, out):
+    assert len(ref) == len(out)
+    for a, b in zip(ref, out):
+        views_a, views_b = a[0], b[0]
+        assert len(views_a) == len(views_b)
+        for u, v in zip(views_a, views_b):
+            assert u.shape == v.shape and torch.equal(u, v), float((u - v).abs().max())
+        assert torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("recipe", ["SimCLR", "BYOL", "DINO", "SwaV", "MoCoV2"])
+def test_lightly_recipes_unchanged_run_on_dali_equal_to_plain(photo_root, recipe):
+    lt = _lightly()
+    make = {
+        "SimCLR": lambda: lt.SimCLRTransform(input_size=64),
+        "MoCoV2": lambda: lt.MoCoV2Transform(input_size=64),
+        "BYOL": lambda: lt.BYOLTransform(lt.BYOLView1Transform(input_size=64),
+                                         lt.BYOLView2Transform(input_size=64)),
+        "DINO": lambda: lt.DINOTransform(global_crop_size=64, local_crop_size=32, n_local_views=2),
+        "SwaV": lambda: lt.SwaVTransform(crop_sizes=(64, 32), crop_counts=(2, 2)),
+    }[recipe]
+    ds = image_folder(photo_root, make())
+    ref, out = _seeded_runs(ds)
+    _assert_same(ref, out)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+    assert rep["worker_transforms"] == [] and rep["partial"] is None, rep
+
+
+def test_a_known_name_with_other_code_stays_in_the_worker(tmp_path, monkeypatch):
+    """``moco.loader.GaussianBlur`` is translated only when its code is MoCo's."""
+    pkg = tmp_path / "moco"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "loader.py").write_text(textwrap.dedent("""
+        import random
+        from PIL import ImageFilter
+
+        class GaussianBlur(object):
+            def __init__(self, sigma=[.1, 2.]):
+                self.sigma = sigma
+
+            def __call__(self, x):
+                return x.filter(ImageFilter.GaussianBlur(radius=self.sigma[1]))  # not MoCo's draw
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "moco" or m.startswith("moco.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import moco.loader
+    import torchvision.transforms as T
+    plan = build_plan(T.Compose([T.RandomResizedCrop(64), moco.loader.GaussianBlur(), T.ToTensor()]))
+    assert plan.worker_names == ["RandomResizedCrop", "GaussianBlur"]  # the class runs as written
+    assert "is not the code translated here" in plan.split_reason
+    with pytest.raises(Unsupported, match="is not the code translated here"):
+        build_plan(T.Compose([moco.loader.GaussianBlur(), T.PILToTensor()]))
+
+
+def test_moco_v3_augmentations_unchanged(photo_root, monkeypatch):
+    """MoCo v3's own ``moco/loader.py`` (set MOCO_V3_DIR to a checkout of facebookresearch/moco-v3),
+    with main_moco.py's two augmentations: proxied, decode on DALI, equal to plain."""
+    root = os.environ.get("MOCO_V3_DIR")
+    if not root:
+        pytest.skip("set MOCO_V3_DIR to a checkout of facebookresearch/moco-v3")
+    monkeypatch.syspath_prepend(root)
+    import moco.loader
+    import torchvision.transforms as transforms
+    normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    augmentation1 = [  # main_moco.py's, at 64 px
+        transforms.RandomResizedCrop(64, scale=(0.08, 1.)),
+        transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+        transforms.RandomGrayscale(p=0.2),
+        transforms.RandomApply([moco.loader.GaussianBlur([.1, 2.])], p=1.0),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        normalize
+    ]
+    augmentation2 = [
+        transforms.RandomResizedCrop(64, scale=(0.08, 1.)),
+        transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+        transforms.RandomGrayscale(p=0.2),
+        transforms.RandomApply([moco.loader.GaussianBlur([.1, 2.])], p=0.1),
+        transforms.RandomApply([moco.loader.Solarize()], p=0.2),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        normalize
+    ]
+    ds = image_folder(photo_root, moco.loader.TwoCropsTransform(transforms.Compose(augmentation1),
+                                                                transforms.Compose(augmentation2)))
+    ref, out = _seeded_runs(ds)
+    _assert_same(ref, out)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
+
+
+def test_the_cpu_replay_blurs_as_pillow():
+    """A failed batch is recomputed by Pillow itself with the drawn radii."""
+    from dali_autoproxy.backends.cpu_replay import CPU_KERNELS
+    from dali_autoproxy.plan.pillow_ops import PillowBlur
+    img = Image.fromarray(photographs()[0][:80, :120])
+    op = PillowBlur(0)
+    got = CPU_KERNELS[op](img, op, [1.3, 2.6], False)
+    assert np.array_equal(np.asarray(got), np.asarray(img.filter(ImageFilter.GaussianBlur((1.3, 2.6)))))
+    assert CPU_KERNELS[op](img, op, [0.0, 0.0], False) is img
+    dali_autoproxy.disable()
