@@ -21,9 +21,14 @@ Recipes (their own chains and loaders):
   ta_wide       the references' ClassificationPresetTrain with --auto-augment ta_wide: RandomResizedCrop
                 176, flip, TrivialAugmentWide(BILINEAR), PILToTensor, ConvertImageDtype, Normalize,
                 RandomErasing(0.1), on PIL images
+  moco_v3       MoCo v3's two augmentations as main_moco.py builds them, with its own moco/loader.py
+                (GaussianBlur, Solarize, TwoCropsTransform); set MOCO_V3_DIR to a checkout
+  dino          DINO's DataAugmentationDINO from its main_dino.py (2 x 224 + 8 x 96, its utils.py
+                GaussianBlur and Solarization); set DINO_DIR to a checkout
 
-Images counts a two-view sample once per view. Every batch is moved to the GPU when there is one.
-The first batches, as many as autoproxy queues ahead (at most half the epoch), are not timed.
+Images counts a multi-view sample once per view; samples counts it once. Every batch is moved to
+the GPU when there is one. Steady state: batches [w, B - w) of the epoch are timed, w as many as
+autoproxy queues ahead (at most a third of the epoch), so no queued work counts as free.
 
     python benchmarks/dataset_shapes_benchmark.py --images 8192 --workers 8 --repeat 2 \\
         --out benchmarks/results/dataset_shapes_h200.json
@@ -50,7 +55,7 @@ from results_io import write_results  # noqa: E402
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
 SHAPES = ("imagefolder", "path", "dict", "bytes", "two_view", "timm")
-RECIPES = ("mixup", "webdataset", "timm_prefetch", "randaug_v2", "ta_wide")
+RECIPES = ("mixup", "webdataset", "timm_prefetch", "randaug_v2", "ta_wide", "moco_v3", "dino")
 SHARDS = 16
 
 
@@ -164,6 +169,8 @@ def make_loader(shape, root, workers, batch):
         if shape == "mixup":
             kw["collate_fn"] = MixUpCutMix(len(ds.classes))
         return torch.utils.data.DataLoader(ds, **kw)
+    if shape in ("moco_v3", "dino"):
+        return torch.utils.data.DataLoader(torchvision.datasets.ImageFolder(root, transform=ssl_recipe(shape)), **kw)
     if shape in ("imagefolder", "two_view"):
         tf = train_chain() if shape == "imagefolder" else TwoViews(train_chain())
         return torch.utils.data.DataLoader(torchvision.datasets.ImageFolder(root, transform=tf), **kw)
@@ -171,6 +178,39 @@ def make_loader(shape, root, workers, batch):
     ds = BytesDataset(samples, train_chain()) if shape == "bytes" else PathDataset(samples, train_chain(),
                                                                                     shape == "dict")
     return torch.utils.data.DataLoader(ds, **kw)
+
+
+def ssl_recipe(name):
+    """The recipe's transform from the repository itself (its files unchanged, imported from the
+    checkout the environment names)."""
+    root = os.environ.get("MOCO_V3_DIR" if name == "moco_v3" else "DINO_DIR")
+    if not root:
+        raise RuntimeError(f"set {'MOCO_V3_DIR' if name == 'moco_v3' else 'DINO_DIR'} to a checkout")
+    sys.path.insert(0, root)
+    if name == "dino":
+        import main_dino
+        return main_dino.DataAugmentationDINO((0.4, 1.0), (0.05, 0.4), 8)  # main_dino.py's defaults
+    import moco.loader
+    import torchvision.transforms as transforms
+    normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    augmentation1 = [  # main_moco.py's, crop_min 0.08
+        transforms.RandomResizedCrop(224, scale=(0.08, 1.)),
+        transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+        transforms.RandomGrayscale(p=0.2),
+        transforms.RandomApply([moco.loader.GaussianBlur([.1, 2.])], p=1.0),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        normalize]
+    augmentation2 = [
+        transforms.RandomResizedCrop(224, scale=(0.08, 1.)),
+        transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+        transforms.RandomGrayscale(p=0.2),
+        transforms.RandomApply([moco.loader.GaussianBlur([.1, 2.])], p=0.1),
+        transforms.RandomApply([moco.loader.Solarize()], p=0.2),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        normalize]
+    return moco.loader.TwoCropsTransform(transforms.Compose(augmentation1), transforms.Compose(augmentation2))
 
 
 def images_in(batch) -> list:
@@ -186,20 +226,27 @@ def run(shape, root, workers, batch, warmup, autoproxy, dali_device):
     try:
         loader = make_loader(shape, root, workers, batch)
         cuda = torch.cuda.is_available()
-        n, t0 = 0, None
+        try:
+            stop = len(loader) - warmup  # steady state: the last batches drain queues, untimed
+        except TypeError:  # an IterableDataset without a length: to the end
+            stop = None
+        n, t0, t1 = 0, None, None
         for i, b in enumerate(loader):
             views = images_in(b)
             if cuda:
                 views = [v.cuda(non_blocking=True) for v in views]
-            if i == warmup:
+            if i == warmup or (stop is not None and i == stop):
                 if cuda:
                     torch.cuda.synchronize()
-                t0 = time.perf_counter()
-            if i >= warmup:
+                if i == warmup:
+                    t0 = time.perf_counter()
+                else:
+                    t1 = time.perf_counter()
+            if i >= warmup and (stop is None or i < stop):
                 n += sum(v.shape[0] for v in views)
         if cuda:
             torch.cuda.synchronize()
-        dt = time.perf_counter() - (t0 or time.perf_counter())
+        dt = (t1 or time.perf_counter()) - (t0 or time.perf_counter())
         rep = dali_autoproxy.report()[-1] if autoproxy else None
         del loader
         gc.collect()
