@@ -161,3 +161,41 @@ def test_the_cpu_replay_blurs_as_pillow():
     assert np.array_equal(np.asarray(got), np.asarray(img.filter(ImageFilter.GaussianBlur((1.3, 2.6)))))
     assert CPU_KERNELS[op](img, op, [0.0, 0.0], False) is img
     dali_autoproxy.disable()
+
+
+def test_a_fingerprint_reads_the_code_not_its_formatting(tmp_path, monkeypatch):
+    """Comments, docstrings, blank lines and line breaks do not change a fingerprint; a changed
+    statement does; and it is the same on every Python version (a fixed snapshot, also found on
+    the GPU machine's Python 3.12: the tree is written without the fields a version adds empty)."""
+    from dali_autoproxy.plan.translate.registry import call_fingerprint
+    variants = {
+        "as_moco": """
+            def __call__(self, x):
+                sigma = random.uniform(self.sigma[0], self.sigma[1])
+                x = x.filter(ImageFilter.GaussianBlur(radius=sigma))
+                return x
+        """,
+        "reformatted": """
+            def __call__(self, x):
+                \"\"\"Blur at a random radius.\"\"\"
+                sigma = random.uniform(self.sigma[0],  # the draw
+                                       self.sigma[1])
+
+                x = x.filter(ImageFilter.GaussianBlur(radius=sigma))
+                return x
+        """,
+        "changed": """
+            def __call__(self, x):
+                sigma = random.uniform(self.sigma[0], self.sigma[1])
+                return x.filter(ImageFilter.GaussianBlur(radius=sigma * 2))
+        """,
+    }
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = {}
+    for name, body in variants.items():
+        source = "import random\nfrom PIL import ImageFilter\n\n\nclass GaussianBlur:\n" + textwrap.indent(
+            textwrap.dedent(body).strip("\n"), "    ") + "\n"
+        (tmp_path / f"fp_{name}.py").write_text(source)
+        found[name] = call_fingerprint(__import__(f"fp_{name}").GaussianBlur)
+    assert found["as_moco"] == found["reformatted"] != found["changed"]
+    assert found["as_moco"] == "c01026973d6d61b0"  # the fingerprint registered for moco.loader.GaussianBlur

@@ -22,13 +22,13 @@ from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.registry import call_fingerprint, register, transform_name
 
 KNOWN: Dict[str, str] = {  # qualified name: fingerprint of the __call__ translated here
-    "moco.loader.GaussianBlur": "c3de1da8ccb1cbee",
-    "moco.loader.Solarize": "f6a3065b9dd45db6",
-    "utils.GaussianBlur": "4dc4b35fd86acfaf",  # DINO's utils.py
-    "utils.Solarization": "74364e7d7e8b6b42",
-    "lightly.transforms.gaussian_blur.GaussianBlur": "ccc67796d0bf97dd",
-    "lightly.transforms.solarize.RandomSolarization": "6d0a39a256dac792",
-    "lightly.transforms.rotation.RandomRotate": "59d44d5854647397",
+    "moco.loader.GaussianBlur": "c01026973d6d61b0",
+    "moco.loader.Solarize": "8a94c959dfa43cb4",
+    "utils.GaussianBlur": "3b2483b179ec744f",  # DINO's utils.py
+    "utils.Solarization": "b7f55dec8c3b6418",
+    "lightly.transforms.gaussian_blur.GaussianBlur": "5eaed77e22f38cd8",
+    "lightly.transforms.solarize.RandomSolarization": "3cc9540cf9381cf7",
+    "lightly.transforms.rotation.RandomRotate": "078a83a086a3ba8e",
 }
 
 

@@ -48,14 +48,26 @@ _FINGERPRINTS: Dict[type, Optional[str]] = {}
 
 def fingerprint(fn: Callable) -> str:
     """A short hash of a function's syntax tree, docstrings left out: equal for the same code
-    however it is formatted or commented (how a class is recognised by what it does)."""
+    however it is formatted or commented, and on every Python version (the tree is written out
+    without the fields a version adds empty, such as 3.12's ``type_params``)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
                 and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
-    return hashlib.sha1(ast.dump(tree, include_attributes=False).encode()).hexdigest()[:16]
+    return hashlib.sha1(_canonical(tree).encode()).hexdigest()[:16]
+
+
+def _canonical(node) -> str:
+    """The tree as text: node types and their non-empty fields, nothing version-specific."""
+    if isinstance(node, ast.AST):
+        fields = [(name, getattr(node, name, None)) for name in node._fields if name != "type_comment"]
+        parts = [f"{name}={_canonical(value)}" for name, value in fields if value not in (None, [])]
+        return f"{type(node).__name__}({', '.join(parts)})"
+    if isinstance(node, list):
+        return "[" + ", ".join(_canonical(x) for x in node) + "]"
+    return repr(node)
 
 
 def call_fingerprint(cls: type) -> Optional[str]:

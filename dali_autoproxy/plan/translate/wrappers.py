@@ -13,9 +13,9 @@ from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.registry import register_by_code, transform_name, translate_as
 
 DELEGATES = (
-    "0116d79222dbc947",  # transformed: Tensor = self.transform(image); return transformed (lightly's views)
-    "d91c7cc4896efa87",  # def __call__(self, *args, **kwargs): return self.transform(*args, **kwargs)
-    "435da86f728614ca",  # def __call__(self, image): return self.transform(image)
+    "517ff36f940f54d2",  # transformed: Tensor = self.transform(image); return transformed (lightly's views)
+    "97c7ba6a48cbb4b5",  # def __call__(self, *args, **kwargs): return self.transform(*args, **kwargs)
+    "89b2a07589fbbe52",  # def __call__(self, image): return self.transform(image)
 )
 
 
