@@ -1,9 +1,13 @@
 """The benchmark and fidelity tools run end to end (tiny sizes, DALI's CPU backend).
-Speed is not asserted here: figures come from runs on the GPU machine."""
+The speed of our code is not asserted here (figures come from runs on the GPU machine);
+the benchmarks' timing window is, with a loader of known cost."""
 import json
 import os
 import subprocess
 import sys
+import time
+
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -90,3 +94,40 @@ def test_loader_benchmark_leaves_the_deepest_queue_untimed():
     assert auto_warmup(15, 256) == max(Options.lookahead + 1, 30)
     assert auto_warmup(8, 10) == 3  # at most a third of the epoch
     assert auto_warmup(0, 2) == 1
+
+
+class _Timed(torch.utils.data.Dataset):
+    """Samples that cost a known time each (a sleep: no CPU taken from the other tests)."""
+
+    def __init__(self, n: int, seconds: float):
+        self.n, self.seconds = n, seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.seconds)
+        return torch.zeros(3, 4, 4), i
+
+
+def test_the_timing_window_excludes_the_queued_work():
+    """A loader whose batches cost a known time, with a queue 8 batches deep filled before the loop
+    starts: the steady-state window [w, B - w) measures that cost; timing from an early batch to the
+    end counts the queued batches as free and reads faster (so this test can fail)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from loader_benchmark import consume
+    per_sample, batch, workers, batches = 0.02, 2, 2, 40
+    true_per_batch = per_sample * batch / workers  # two workers make batches side by side
+
+    def measured(warmup: int, total: int) -> float:
+        loader = torch.utils.data.DataLoader(_Timed(batch * batches, per_sample), batch_size=batch,
+                                             num_workers=workers, prefetch_factor=4)
+        it = iter(loader)
+        time.sleep(1.0)  # the queue (workers x prefetch_factor = 8 batches) fills before the loop runs
+        n, seconds = consume(it, "cpu", warmup, total)
+        del it
+        return seconds / (n / batch)
+    steady = measured(10, batches)
+    naive = measured(1, 0)
+    assert 0.85 * true_per_batch < steady < 1.3 * true_per_batch, (steady, true_per_batch)
+    assert naive < 0.9 * steady, (naive, steady)
