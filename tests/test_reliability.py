@@ -552,3 +552,21 @@ def test_an_abandoned_iterator_is_freed_without_the_garbage_collector(photo_root
     finally:
         gc.enable()
         dali_autoproxy.disable()
+
+
+def test_disable_closes_idle_pipelines_explicitly(photo_root):
+    """A loader's idle DALI runners are closed by disable(), not left to the garbage collector:
+    their threads end and let go of the pipelines; close() is idempotent."""
+    from dali_autoproxy.main.hooks import instrumentor
+    dali_autoproxy.enable(device="cpu", log_level="ERROR")
+    try:
+        loader = DataLoader(image_folder(photo_root, TRAIN()), batch_size=4, num_workers=1)
+        for _ in loader:
+            pass
+        state = instrumentor.states[loader]
+        runners = [r for pool in state.idle_runners.values() for r in pool]
+        assert runners and all(r.pipe is not None for r in runners)
+    finally:
+        dali_autoproxy.disable()
+    assert all(r.pipe is None for r in runners) and not state.idle_runners
+    runners[0].close()  # again: nothing to do

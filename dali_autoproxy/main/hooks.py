@@ -66,6 +66,8 @@ class DataLoaderHooks:
     def uninstrument(self) -> None:
         with self._lock:
             ledger.undo_all()
+            for state in list(self.states.values()):  # idle pipelines hold GPU memory: free them now
+                state.close()
             self.options = None
             settings.reset()
             self.proxy, self.recorder = True, None

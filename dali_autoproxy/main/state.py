@@ -117,6 +117,14 @@ class LoaderState:
             for key, runner in runners.items():
                 self.idle_runners[key].append(runner)
 
+    def close(self) -> None:
+        """Close the idle runners (their threads and pipelines): the loader is gone."""
+        with self.lock:
+            runners = [r for pool in self.idle_runners.values() for r in pool]
+            self.idle_runners.clear()
+        for runner in runners:
+            runner.close()
+
 
 def output_device(device: str, options: Options) -> str:
     if device == "gpu" and options.output == "auto":

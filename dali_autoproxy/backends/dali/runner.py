@@ -88,7 +88,8 @@ class _Inputs:
     def __init__(self, pipe) -> None:
         self.pipe, self.payloads = pipe, collections.deque()
 
-    def __del__(self) -> None:
+    def close(self) -> None:
+        """Drop the pipeline, then the payloads; DALI's cached memory goes with our last pipeline."""
         self.pipe = None
         self.payloads = None
         _release_memory_if_idle()
@@ -124,6 +125,13 @@ class _PipelineThread:
             self._thread.join(wait)
 
     def _loop(self) -> None:
+        inputs = self._run[0]
+        try:
+            self._serve()
+        finally:  # the thread lets go of the pipeline, explicitly, when it ends
+            inputs.close()
+
+    def _serve(self) -> None:
         inputs, feeds, stage, device_id = self._run
         del self._run
         if device_id is not None:
@@ -219,6 +227,7 @@ class DaliRunner:
         self.hw_decoder_load = hw_decoder_load
         self._batches: "collections.deque" = collections.deque()  # submitted, not collected; oldest first
         self._thread: Optional[_PipelineThread] = None
+        self._pipe: Optional["weakref.ref"] = None
         _live_runners.add(self)
         self._build()
 
@@ -232,15 +241,23 @@ class DaliRunner:
             pipe.set_outputs(self.lowering.graph())
         pipe.build()
         _live_pipelines.add(pipe)
-        self.pipe = pipe
+        self._pipe = weakref.ref(pipe)  # the thread owns the pipeline (_Inputs); the runner only looks
         self._batches.clear()
         self._thread = _PipelineThread(_Inputs(pipe), self.lowering.feeds, self.lowering.torch_stage,
                                        self.device_id if self.device == "gpu" else None)
+        # a runner dropped without close() still ends its thread (the finalizer holds the thread, not
+        # the runner); not at interpreter exit, where the daemon thread simply stops
+        self._finalizer = weakref.finalize(self, self._thread.close, CLOSE_WAIT_S)
+        self._finalizer.atexit = False
 
-    def __del__(self) -> None:
-        """Free the pipeline now (its thread lets go of it); DALI's cached memory goes with the
-        last pipeline of ours."""
-        self.pipe = None
+    @property
+    def pipe(self):
+        """The DALI pipeline while the runner's thread holds it (None once closed)."""
+        return self._pipe() if self._pipe is not None else None
+
+    def close(self) -> None:
+        """End the pipeline's thread and free the pipeline now (idempotent); DALI's cached memory
+        goes with the last pipeline of ours."""
         self._stop_thread(wait=CLOSE_WAIT_S)
 
     @property
@@ -252,13 +269,13 @@ class DaliRunner:
         for batch in getattr(self, "_batches", ()):
             batch.cancelled = True
         if getattr(self, "_thread", None) is not None:
+            self._finalizer.detach()
             self._thread.close(wait)
             self._thread = None
 
     def rebuild(self) -> None:
         """After a failure the pipeline's queue state is unknown: start a fresh one."""
         self._stop_thread()
-        self.pipe = None
         self._build()
 
     def submit(self, group: ProxyGroup) -> None:
