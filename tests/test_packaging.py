@@ -24,4 +24,8 @@ def test_wheel_ships_the_startup_hook(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     wheel = next(tmp_path.glob("dali_autoproxy-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "dali_autoproxy.pth" in names and "dali_autoproxy/loader.py" in names
+    assert "dali_autoproxy.pth" in names
+    package = os.path.join(ROOT, "dali_autoproxy")
+    sources = {os.path.relpath(os.path.join(d, f), ROOT) for d, _, files in os.walk(package)
+               for f in files if f.endswith(".py")}
+    assert sources and sources <= set(names), sorted(sources - set(names))  # every subpackage ships
