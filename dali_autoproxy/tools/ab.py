@@ -198,7 +198,7 @@ def format_table(runs: Dict[str, List[Dict]], warm: int = 5, longer: str = LONGE
             warnings.append(f"DataLoader #{i + 1}: the loader's epochs ended inside the warm-up (it made "
                             f"{min(made)} batch(es) in an arm, the first {warm} are not counted): nothing was "
                             f"measured; {longer}, or {no_warmup} to count every batch")
-        elif min(counted or [0]) < MIN_STABLE_BATCHES:
+        elif min(counted or [0]) < MIN_STABLE_BATCHES and not on_cpu_backend:  # no ratio shown there
             advice = LONGER_AB if stopped else f"the script ended on its own: {longer}"
             warnings.append(f"DataLoader #{i + 1}: only {min(counted or [0])} batches counted in an arm; a ratio "
                             f"from so few is noisy ({advice})")
