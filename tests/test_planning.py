@@ -7,7 +7,7 @@ import torchvision.transforms.v2 as v2
 from helpers import why_not
 
 from dali_autoproxy.plan import planning
-from dali_autoproxy.plan.ir import Crop, Flip, Normalize, PillowResize, Resize, ToCHW, ToFloat
+from dali_autoproxy.plan.ir import Crop, Flip, Normalize, PillowResize, Resize, ToCHW, ToFloat, Unsupported
 from dali_autoproxy.plan.planning import build_plan
 from dali_autoproxy.plan.translate.geometry import center_crop_box, resized_output_size
 
@@ -112,3 +112,34 @@ def test_torch_stage_takes_over_at_colour_jitter_only_when_it_can_finish(monkeyp
     early = build_plan(T.Compose([T.ColorJitter(0.4), T.RandomResizedCrop(64), T.ToTensor()]))
     assert early.worker_names == ["ColorJitter"]  # a crop after it and DALI has not cropped: the worker runs it
     assert [type(op) for op in split(early.ops)[1]][:1] == [PillowResize]  # then the exact resize
+
+
+def test_a_subclass_that_only_sets_arguments_is_its_parent(photo_root):
+    """DINOv2's blur is ``class GaussianBlur(RandomApply)`` filling its arguments in ``__init__``:
+    such a subclass is translated as its parent (same draws, same pixels); one that overrides a
+    method of the call path stays in the worker."""
+    import torch
+    import torchvision.transforms as T
+    from helpers import image_folder, last_report, load_all
+
+    class GaussianBlur(T.RandomApply):  # the shape of dinov2/data/transforms.py's
+        def __init__(self, *, p: float = 0.5, radius_min: float = 0.1, radius_max: float = 2.0):
+            super().__init__(transforms=[T.GaussianBlur(kernel_size=9, sigma=(radius_min, radius_max))], p=1 - p)
+
+    class Overrides(T.RandomHorizontalFlip):
+        def forward(self, img):
+            return img
+
+    chain = T.Compose([T.RandomResizedCrop(64), GaussianBlur(p=0.5), T.RandomHorizontalFlip(), T.PILToTensor()])
+    assert planning.build_plan(chain).names == ["RandomResizedCrop", "GaussianBlur", "RandomHorizontalFlip",
+                                                "PILToTensor"]
+    with pytest.raises(Unsupported, match="has no DALI translation"):
+        planning.build_plan(T.Compose([Overrides(), T.PILToTensor()]))
+    ds = image_folder(photo_root, T.Compose([T.RandomCrop(96), GaussianBlur(p=0.5), T.PILToTensor()]))
+    ref = load_all(ds, autoproxy=False)
+    out = load_all(ds, autoproxy=True)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
+    for a, b in zip(ref, out):
+        assert (a[0].int() - b[0].int()).abs().max() <= 1  # GaussianBlur's stated bound (docs/transforms.md)
+        assert torch.equal(a[1], b[1])

@@ -8,8 +8,8 @@ match torchvision, and returns the ops plus a drawer that runs in the worker. ``
 reserves the op's values in the per-sample params row and returns its slot; the drawer writes
 them by name (``g.put(op, name=value, ...)``).
 
-Types are matched exactly (a user's subclass may override ``forward``), as v2 does with
-its kernel registry.
+Types are matched exactly, as v2 does with its kernel registry; a subclass that overrides no
+method of the call path (``CALL_PATH``) is its parent, one that does stays as written.
 """
 from __future__ import annotations
 
@@ -93,11 +93,35 @@ def register_by_code(*fingerprints: str) -> Callable[[Converter], Converter]:
     return deco
 
 
-def _converter(cls: type):
+# the methods a transform's call goes through (v1 and v2): a subclass overriding none is its parent
+CALL_PATH = ("__call__", "forward", "_transform", "transform", "make_params", "_get_params", "get_params",
+             "_needs_transform_list", "_call_kernel", "_extract_params_for_v1_transform")
+
+
+def _own_converter(cls: type):
     found = _REGISTRY.get(cls) or _NAMED.get(f"{cls.__module__}.{cls.__qualname__}")
     if found is None and _BY_CODE and "__call__" in vars(cls):
         found = _BY_CODE.get(call_fingerprint(cls) or "")
     return found
+
+
+def _converter(cls: type):
+    """The converter of ``cls``: its own, else that of the nearest base class with one when no
+    class between them defines a method of the call path (a subclass that only sets arguments in
+    ``__init__``, as DINOv2's ``GaussianBlur(RandomApply)`` does, is its parent)."""
+    found = _own_converter(cls)
+    if found is not None:
+        return found
+    for klass in cls.__mro__[1:]:
+        if klass is object:
+            return None
+        between = cls.__mro__[:cls.__mro__.index(klass)]
+        if any(name in vars(k) for k in between for name in CALL_PATH):
+            return None
+        found = _own_converter(klass)
+        if found is not None:
+            return found
+    return None
 
 
 def lookup(transform: object) -> Converter:
