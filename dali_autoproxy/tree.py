@@ -104,3 +104,18 @@ def map_leaves(obj: Any, fn: Callable[[Path, Any], Any], select: Optional[Callab
         return obj
     new = [fn(p, x) if keep else x for p, x, keep in zip(paths(spec), leaves, picked)]
     return unflatten(spec, new)
+
+
+def batch_length(batch: Any) -> int:
+    """Samples in a collated batch: the first dimension of its first tensor (0 when none)."""
+    import torch  # the walker itself needs no torch; this count does
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            n = batch_length(item)
+            if n:
+                return n
+    return 0

@@ -25,6 +25,7 @@ from dali_autoproxy.main.decision import Decision, chain_names, decide, max_batc
 from dali_autoproxy.main.state import LoaderState, RunnerKey, output_device
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.transport import ENCODED, RAW, ProxyBatch, ProxyCollated, ProxyGroup
+from dali_autoproxy.tree import batch_length
 from dali_autoproxy.worker.chains import ChainRouter
 from dali_autoproxy.worker.collate import CollateInMain, DefaultCollate
 from dali_autoproxy.worker.install import WorkerInstaller, patch, swap_folder_loaders, unswap
@@ -32,20 +33,6 @@ from dali_autoproxy.worker.routing import routing
 
 NOTHING_ROUTED = ("no recognised chain was called with one image in __getitem__ (a joint image+target "
                   "transform, say): the batches are plain torchvision's")
-
-
-def batch_length(batch: Any) -> int:
-    """Samples in a collated batch: the first dimension of its first tensor (0 when none)."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        for item in batch:
-            n = batch_length(item)
-            if n:
-                return n
-    return 0
 
 
 class CountedIterator(wrapt.ObjectProxy):

@@ -16,24 +16,12 @@ from typing import Any, Dict, List, Optional
 
 import wrapt
 
+from dali_autoproxy.tree import batch_length
+
 
 class StopAB(BaseException):
     """Raised from the loader once the arm has done enough work; a BaseException so that a
     script's ``except Exception`` does not swallow it."""
-
-
-def _batch_len(batch: Any) -> int:
-    import torch
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        for item in batch:
-            n = _batch_len(item)
-            if n:
-                return n
-    return 0
 
 
 def _proc_children() -> List[int]:
@@ -142,7 +130,7 @@ class MeasuredIterator(wrapt.ObjectProxy):
         t0 = time.perf_counter()
         batch = self.__wrapped__.__next__()
         t1 = time.perf_counter()
-        self._self_stats.add(t1, t1 - t0, _batch_len(batch))
+        self._self_stats.add(t1, t1 - t0, batch_length(batch))
         self._self_recorder.tick()
         return batch
 
