@@ -180,9 +180,9 @@ def make_loader(shape, root, workers, batch):
     return torch.utils.data.DataLoader(ds, **kw)
 
 
-def ssl_recipe(name):
+def ssl_recipe(name, size: int = 224):
     """The recipe's transform from the repository itself (its files unchanged, imported from the
-    checkout the environment names)."""
+    checkout the environment names); ``size``: MoCo's crop size (DINO's are its own)."""
     root = os.environ.get("MOCO_V3_DIR" if name == "moco_v3" else "DINO_DIR")
     if not root:
         raise RuntimeError(f"set {'MOCO_V3_DIR' if name == 'moco_v3' else 'DINO_DIR'} to a checkout")
@@ -194,7 +194,7 @@ def ssl_recipe(name):
     import torchvision.transforms as transforms
     normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
     augmentation1 = [  # main_moco.py's, crop_min 0.08
-        transforms.RandomResizedCrop(224, scale=(0.08, 1.)),
+        transforms.RandomResizedCrop(size, scale=(0.08, 1.)),
         transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
         transforms.RandomGrayscale(p=0.2),
         transforms.RandomApply([moco.loader.GaussianBlur([.1, 2.])], p=1.0),
@@ -202,7 +202,7 @@ def ssl_recipe(name):
         transforms.ToTensor(),
         normalize]
     augmentation2 = [
-        transforms.RandomResizedCrop(224, scale=(0.08, 1.)),
+        transforms.RandomResizedCrop(size, scale=(0.08, 1.)),
         transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
         transforms.RandomGrayscale(p=0.2),
         transforms.RandomApply([moco.loader.GaussianBlur([.1, 2.])], p=0.1),

@@ -86,7 +86,18 @@ def test_lightly_recipes_unchanged_run_on_dali_equal_to_plain(photo_root, recipe
     assert rep["worker_transforms"] == [] and rep["partial"] is None, rep
 
 
-def test_a_known_name_with_other_code_stays_in_the_worker(tmp_path, monkeypatch):
+@pytest.fixture
+def fresh_moco():
+    """``moco`` imported afresh in the test, none of it left behind for the next."""
+    def forget():
+        for name in [m for m in sys.modules if m == "moco" or m.startswith("moco.")]:
+            del sys.modules[name]
+    forget()
+    yield
+    forget()
+
+
+def test_a_known_name_with_other_code_stays_in_the_worker(tmp_path, monkeypatch, fresh_moco):
     """``moco.loader.GaussianBlur`` is translated only when its code is MoCo's."""
     pkg = tmp_path / "moco"
     pkg.mkdir()
@@ -103,8 +114,6 @@ def test_a_known_name_with_other_code_stays_in_the_worker(tmp_path, monkeypatch)
                 return x.filter(ImageFilter.GaussianBlur(radius=self.sigma[1]))  # not MoCo's draw
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name in [m for m in sys.modules if m == "moco" or m.startswith("moco.")]:
-        monkeypatch.delitem(sys.modules, name)
     import moco.loader
     import torchvision.transforms as T
     plan = build_plan(T.Compose([T.RandomResizedCrop(64), moco.loader.GaussianBlur(), T.ToTensor()]))
@@ -114,37 +123,15 @@ def test_a_known_name_with_other_code_stays_in_the_worker(tmp_path, monkeypatch)
         build_plan(T.Compose([moco.loader.GaussianBlur(), T.PILToTensor()]))
 
 
-def test_moco_v3_augmentations_unchanged(photo_root, monkeypatch):
+def test_moco_v3_augmentations_unchanged(photo_root, fresh_moco):
     """MoCo v3's own ``moco/loader.py`` (set MOCO_V3_DIR to a checkout of facebookresearch/moco-v3),
     with main_moco.py's two augmentations: proxied, decode on DALI, equal to plain."""
     root = os.environ.get("MOCO_V3_DIR")
     if not root:
         pytest.skip("set MOCO_V3_DIR to a checkout of facebookresearch/moco-v3")
-    monkeypatch.syspath_prepend(root)
-    import moco.loader
-    import torchvision.transforms as transforms
-    normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-    augmentation1 = [  # main_moco.py's, at 64 px
-        transforms.RandomResizedCrop(64, scale=(0.08, 1.)),
-        transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
-        transforms.RandomGrayscale(p=0.2),
-        transforms.RandomApply([moco.loader.GaussianBlur([.1, 2.])], p=1.0),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        normalize
-    ]
-    augmentation2 = [
-        transforms.RandomResizedCrop(64, scale=(0.08, 1.)),
-        transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
-        transforms.RandomGrayscale(p=0.2),
-        transforms.RandomApply([moco.loader.GaussianBlur([.1, 2.])], p=0.1),
-        transforms.RandomApply([moco.loader.Solarize()], p=0.2),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        normalize
-    ]
-    ds = image_folder(photo_root, moco.loader.TwoCropsTransform(transforms.Compose(augmentation1),
-                                                                transforms.Compose(augmentation2)))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from dataset_shapes_benchmark import ssl_recipe  # main_moco.py's two augmentations, built once
+    ds = image_folder(photo_root, ssl_recipe("moco_v3", size=64))  # imports moco.loader from MOCO_V3_DIR
     ref, out = _seeded_runs(ds)
     _assert_same(ref, out)
     rep = last_report()

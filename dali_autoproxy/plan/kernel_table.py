@@ -1,13 +1,13 @@
 """One table shape for every back end: a kernel per (IR op type, kind of sample piece), as
-torchvision v2 registers its kernels per (dispatcher, input type). The pieces are ``"image"``
-today; a box or mask kernel of the same op sits beside the image kernel under its own piece.
+torchvision v2 registers its kernels per (dispatcher, input type). Every kernel registered takes
+the ``"image"`` piece; a box or mask kernel of the same op would sit beside it under its own piece.
 
-Three back ends execute a plan's ops: the DALI lowering (``pipeline.py``), the torch stage
-(``torch_stage/``) and the CPU replay (``cpu_path.py``). Each owns a :class:`KernelTable`;
-an op type it deliberately leaves to another back end is registered as ``not_here`` with the
-reason, so that every (op, back end) pair is either a kernel or a stated absence.
-``tests/test_kernel_tables.py`` checks that, and that each table agrees with the op's
-``placement`` (the data planning reads, in ``ir.py``).
+Three back ends execute a plan's ops: the DALI lowering (``backends/dali/lowering.py``), the
+torch stage (``backends/torch_stage/``) and the CPU replay (``backends/cpu_replay.py``). Each
+owns a :class:`KernelTable`; an op type it deliberately leaves to another back end is registered
+as ``not_here`` with the reason (or derived from its placement), so that every (op, back end)
+pair is either a kernel or a stated absence. ``tests/test_kernel_tables.py`` checks that, and
+that each table agrees with the op's ``placement`` (the data planning reads, in ``plan/ir.py``).
 """
 from __future__ import annotations
 

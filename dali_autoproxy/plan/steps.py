@@ -42,10 +42,14 @@ class SampleGeometry:
                 raise TypeError(f"{type(op).__name__} takes {len(names)} values {names}, got {len(values)}")
             self.params += list(values)
             return
-        missing, unknown = set(names) - set(named), set(named) - set(names)
-        if missing or unknown:
-            raise TypeError(f"{type(op).__name__} values: missing {sorted(missing)}, unknown {sorted(unknown)}")
-        self.params += [named[n] for n in names]
+        try:  # per sample, in the worker: a list by name, the sets only to explain a mistake
+            if len(named) != len(names):
+                raise KeyError
+            self.params += [named[n] for n in names]
+        except KeyError:
+            missing, unknown = set(names) - set(named), set(named) - set(names)
+            raise TypeError(f"{type(op).__name__} values: missing {sorted(missing)}, "
+                            f"unknown {sorted(unknown)}") from None
 
     def standin(self):
         """A zero-cost tensor of the current size, for torchvision's own get_params code."""

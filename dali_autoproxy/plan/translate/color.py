@@ -2,7 +2,7 @@
 
 Random decisions and factors are drawn as torchvision draws them (``coin_drawer``, its own
 ``get_params``/``make_params``); the pixels are computed in DALI with Pillow's arithmetic
-(``dali_color``), so on RGB PIL images the results match torchvision's exactly.
+(``backends/dali/color.py`` and the torch stage), so on RGB PIL images the results match torchvision's exactly.
 """
 from __future__ import annotations
 
