@@ -25,6 +25,11 @@ Recipes (their own chains and loaders):
                 (GaussianBlur, Solarize, TwoCropsTransform); set MOCO_V3_DIR to a checkout
   dino          DINO's DataAugmentationDINO from its main_dino.py (2 x 224 + 8 x 96, its utils.py
                 GaussianBlur and Solarization); set DINO_DIR to a checkout
+  dinov2        DINOv2's DataAugmentationDINO (dinov2/data/augmentations.py, transforms.py: 2 x 224 +
+                8 x 96, a geometric chain handing its image to colour chains, its RandomApply blur);
+                set DINOV2_DIR to a directory holding them as dinov2/data/
+  swav          SwAV's own MultiCropDataset (src/multicropdataset.py: 2 x 224 + 6 x 96, its
+                PILRandomGaussianBlur, recorded); set SWAV_DIR to a checkout
 
 Images counts a multi-view sample once per view; samples counts it once. Every batch is moved to
 the GPU when there is one. Steady state: batches [w, B - w) of the epoch are timed, w as many as
@@ -55,7 +60,8 @@ from results_io import write_results  # noqa: E402
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
 SHAPES = ("imagefolder", "path", "dict", "bytes", "two_view", "timm")
-RECIPES = ("mixup", "webdataset", "timm_prefetch", "randaug_v2", "ta_wide", "moco_v3", "dino")
+RECIPES = ("mixup", "webdataset", "timm_prefetch", "randaug_v2", "ta_wide", "moco_v3", "dino", "dinov2", "swav")
+SSL_DIRS = {"moco_v3": "MOCO_V3_DIR", "dino": "DINO_DIR", "dinov2": "DINOV2_DIR", "swav": "SWAV_DIR"}
 SHARDS = 16
 
 
@@ -169,7 +175,9 @@ def make_loader(shape, root, workers, batch):
         if shape == "mixup":
             kw["collate_fn"] = MixUpCutMix(len(ds.classes))
         return torch.utils.data.DataLoader(ds, **kw)
-    if shape in ("moco_v3", "dino"):
+    if shape == "swav":
+        return torch.utils.data.DataLoader(ssl_recipe(shape, root=root), **kw)
+    if shape in SSL_DIRS:
         return torch.utils.data.DataLoader(torchvision.datasets.ImageFolder(root, transform=ssl_recipe(shape)), **kw)
     if shape in ("imagefolder", "two_view"):
         tf = train_chain() if shape == "imagefolder" else TwoViews(train_chain())
@@ -180,13 +188,21 @@ def make_loader(shape, root, workers, batch):
     return torch.utils.data.DataLoader(ds, **kw)
 
 
-def ssl_recipe(name, size: int = 224):
-    """The recipe's transform from the repository itself (its files unchanged, imported from the
-    checkout the environment names); ``size``: MoCo's crop size (DINO's are its own)."""
-    root = os.environ.get("MOCO_V3_DIR" if name == "moco_v3" else "DINO_DIR")
-    if not root:
-        raise RuntimeError(f"set {'MOCO_V3_DIR' if name == 'moco_v3' else 'DINO_DIR'} to a checkout")
-    sys.path.insert(0, root)
+def ssl_recipe(name, size: int = 224, root: str = ""):
+    """The recipe's transform (SwAV: its dataset, on the images under ``root``) from the repository
+    itself (its files unchanged, imported from the checkout the environment names); ``size``:
+    MoCo's crop size (the others' are their own defaults)."""
+    checkout = os.environ.get(SSL_DIRS[name])
+    if not checkout:
+        raise RuntimeError(f"set {SSL_DIRS[name]} to a checkout")
+    sys.path.insert(0, checkout)
+    if name == "swav":  # main_swav.py's defaults for 2 x 224 + 6 x 96
+        from src.multicropdataset import MultiCropDataset
+        return MultiCropDataset(root, size_crops=[224, 96], nmb_crops=[2, 6], min_scale_crops=[0.14, 0.05],
+                                max_scale_crops=[1.0, 0.14])
+    if name == "dinov2":  # its train config's defaults (ssl_default_config.yaml)
+        from dinov2.data.augmentations import DataAugmentationDINO
+        return DataAugmentationDINO((0.32, 1.0), (0.05, 0.32), 8, global_crops_size=224, local_crops_size=96)
     if name == "dino":
         import main_dino
         return main_dino.DataAugmentationDINO((0.4, 1.0), (0.05, 0.4), 8)  # main_dino.py's defaults
@@ -214,7 +230,12 @@ def ssl_recipe(name, size: int = 224):
 
 
 def images_in(batch) -> list:
-    """The image tensors of a batch (one per view), moved to the GPU as a training loop would."""
+    """The image tensors of a batch (one per view), moved to the GPU as a training loop would.
+    DINOv2's dict repeats its global crops for the teacher: counted once."""
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], dict) and "global_crops" in batch[0]:
+        return list(batch[0]["global_crops"]) + list(batch[0]["local_crops"])
+    if isinstance(batch, list) and batch and all(isinstance(v, torch.Tensor) and v.ndim == 4 for v in batch):
+        return list(batch)  # SwAV: the crops, no labels
     x = batch["image"] if isinstance(batch, dict) else batch[0]
     return list(x) if isinstance(x, list) else [x]
 

@@ -15,6 +15,7 @@ DEVICES = ("auto", "gpu", "cpu")
 OUTPUTS = ("auto", "cpu")
 FIDELITIES = ("exact", "fast")
 RESIZES = ("dali", "pillow")
+RECORDS = ("on", "off")
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
 ENABLE_VALUES_ON = ("1", "true", "yes", "on")
 ENABLE_VALUES_OFF = ("", "0", "false", "no", "off")
@@ -28,6 +29,7 @@ ENV_LOOKAHEAD = "DALI_AUTOPROXY_LOOKAHEAD"
 LOOKAHEAD_RANGE = (1, 64)
 ENV_HW_DECODER_LOAD = "DALI_AUTOPROXY_HW_DECODER_LOAD"
 ENV_RESIZE = "DALI_AUTOPROXY_RESIZE"
+ENV_RECORD = "DALI_AUTOPROXY_RECORD"
 ENV_TRITON = "DALI_AUTOPROXY_TRITON"
 TRITON_VALUES = ("1", "0")
 
@@ -50,6 +52,9 @@ class Options:
     # "pillow": Resize / RandomResizedCrop of PIL images with Pillow's arithmetic, border included
     # (torch_stage/resample.py); "dali": DALI's resize, within the bound in docs/transforms.md.
     resize: str = "dali"
+    # "on": a transform without a translation, on a PIL image, is called with a recording image
+    # (plan/recording.py) and its Pillow calls run on DALI's side; "off": it runs in the worker.
+    record: str = "on"
 
 
 def _pick_number(name: str, value, env_name: str, environ: Mapping[str, str], default, parse, valid, accepted: str):
@@ -105,7 +110,8 @@ def _pick(name: str, value: Optional[str], env_name: str, accepted: tuple, envir
 def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
                     log_level: Optional[str] = None, fidelity: Optional[str] = None,
                     environ: Optional[Mapping[str, str]] = None, lookahead: Optional[int] = None,
-                    hw_decoder_load: Optional[float] = None, resize: Optional[str] = None) -> Options:
+                    hw_decoder_load: Optional[float] = None, resize: Optional[str] = None,
+                    record: Optional[str] = None) -> Options:
     """Merge keyword arguments over environment variables and validate both."""
     env = os.environ if environ is None else environ
     triton_allowed(env)  # read where the kernels load (backends/torch_stage/fused_color.py); checked here too
@@ -118,6 +124,7 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
         hw_decoder_load=_pick_fraction("hw_decoder_load", hw_decoder_load, ENV_HW_DECODER_LOAD, env,
                                        Options.hw_decoder_load),
         resize=_pick("resize", resize, ENV_RESIZE, RESIZES, env, Options.resize),
+        record=_pick("record", record, ENV_RECORD, RECORDS, env, Options.record),
     )
 
 

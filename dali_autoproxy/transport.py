@@ -27,6 +27,7 @@ WHY_PREFIX = "partial offload: worker steps need pixels"
 WHY_DECODED = "the image reached the transform decoded (the dataset used or made its pixels first)"
 WHY_NOT_PLAIN_JPEG = "not an ordinary complete JPEG (DALI decodes those as Pillow does)"
 WHY_CPU = "not an RGB image: the whole chain ran in the worker"
+WHY_RECORDING = "a recorded transform needs pixels: the whole chain ran in the worker"
 
 
 class ProxySample:

@@ -189,12 +189,12 @@ CASES: List[Case] = [
          "bound"),
     Case("RandomChoice", lambda m: [_crop(m), m.RandomChoice([m.RandomInvert(1.0), m.Grayscale(3)])], "worker",
          output="float"),
-    Case("RandomOrder", lambda m: [_crop(m), m.RandomOrder([m.RandomInvert(0.5), m.RandomSolarize(99)])], "worker",
-         output="float"),
+    Case("RandomOrder", lambda m: [_crop(m), m.RandomOrder([m.RandomInvert(0.5), m.RandomSolarize(99)])], "exact",
+         output="float"),  # recorded: Pillow's invert and solarize tables
     Case("nested Compose", lambda m: [(T.Compose if m is T else v2.Compose)([_crop(m), m.RandomHorizontalFlip()])],
          "exact"),
     Case("Identity", lambda m: [_crop(m), v2.Identity()], "exact", apis=("v2",)),
-    Case("Lambda", lambda m: [_crop(m), m.Lambda(lambda im: im.transpose(0))], "worker", output="float"),
+    Case("Lambda", lambda m: [_crop(m), m.Lambda(lambda im: im.transpose(0))], "exact", output="float"),  # recorded
     Case("chain: padded crop, flip, invert, posterize, solarize", lambda m: [
         m.RandomCrop(200, padding=4), m.RandomHorizontalFlip(), m.RandomInvert(0.3), m.RandomPosterize(4, p=0.5),
         m.RandomSolarize(128, p=0.5)], "exact"),
@@ -212,7 +212,8 @@ CASES: List[Case] = [
 
 
 def where_it_runs(case: Case, api: str) -> Tuple[str, Optional[str]]:
-    """("DALI", None), ("partial", reason) or ("fallback", reason), from the planner alone."""
+    """("DALI", None), ("partial", reason), ("fallback", reason) or ("recorded", reason), from the
+    planner alone ("recorded": what the step's calls need is known once a worker has called it)."""
     from dali_autoproxy.plan.ir import Unsupported
     from dali_autoproxy.plan.planning import build_plan
     try:
@@ -221,4 +222,6 @@ def where_it_runs(case: Case, api: str) -> Tuple[str, Optional[str]]:
         return "fallback", str(exc)
     if plan.worker_prefix:
         return "partial", plan.split_reason
+    if plan.records:
+        return "recorded", "a step is recorded: its Pillow calls decide, per sample, whether it needs pixels"
     return "DALI", None

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 from typing import List, Tuple
 
 import torch
@@ -42,12 +43,27 @@ def last_report() -> dict:
     return dali_autoproxy.report()[-1]
 
 
+@contextlib.contextmanager
+def recording_off():
+    """Planning as with enable(record="off"): what has no translation says why, statically."""
+    from dali_autoproxy.plan.settings import SETTINGS
+    before = SETTINGS["record"]
+    SETTINGS["record"] = "off"
+    try:
+        yield
+    finally:
+        SETTINGS["record"] = before
+
+
 def why_not(tf) -> str:
-    """The reason a chain is not (wholly) offloaded: a fallback's, or a partial split's."""
+    """The reason a chain is not (wholly) offloaded, recording off (with it on, a step without a
+    translation is recorded and says why only once a worker finds it needs pixels): a fallback's,
+    or a partial split's."""
     from dali_autoproxy.plan.ir import Unsupported
     from dali_autoproxy.plan.planning import build_plan
     try:
-        plan = build_plan(tf)
+        with recording_off():
+            plan = build_plan(tf)
     except Unsupported as exc:
         return str(exc)
     assert plan.split_reason, "fully offloaded"

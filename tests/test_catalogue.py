@@ -1,6 +1,8 @@
 """Every catalogued transform (tests/catalogue.py), v1 and v2, through real DataLoader workers
 and real DALI pipelines, against plain torchvision with the same seed. Here on DALI's CPU
 backend; test_gpu.py runs the same cases on the GPU."""
+import random
+
 import pytest
 import torch
 from catalogue import CASES, where_it_runs
@@ -73,7 +75,7 @@ def test_planner_agrees_with_expectation(case, api):
     if case.expect == "worker":
         assert status != "DALI" and reason
     else:
-        assert status == "DALI", reason
+        assert status in ("DALI", "recorded"), reason
 
 
 def test_catalogue_covers_every_module_level_image_transform():
@@ -107,8 +109,10 @@ def test_cpu_replay_of_the_plan_equals_torchvision(photo_root, case, api):
         with Image.open(path) as f:
             img = f.convert("RGB")
         torch.manual_seed(100 + k)
+        random.seed(100 + k)  # v1's RandomOrder shuffles with Python's generator
         ref = chain(img)
         torch.manual_seed(100 + k)
+        random.seed(100 + k)
         out = run_plan(plan, img, plan.draw(img.size[1], img.size[0]))
         assert out.dtype == ref.dtype and out.shape == ref.shape
         assert (out.double() - ref.double()).abs().max() <= (0 if ref.dtype == torch.uint8 else 1e-6), path

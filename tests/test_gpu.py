@@ -255,3 +255,30 @@ def test_gpu_fast_color_jitter_within_its_published_bound(photo_root, name):
     a, b = fast_against_torchvision(photo_root, T.Compose([T.CenterCrop(200), T.ColorJitter(**factor),
                                                            T.PILToTensor()]), device="gpu")
     assert psnr(a, b) >= floor - 3.0, (name, psnr(a, b))
+
+
+def test_gpu_recorded_pillow_class_and_handed_images(photo_root):
+    """Twins of test_recorded.py's and test_pillow_ops.py's users' classes: a recorded Pillow class
+    and a geometric chain handing its image to colour chains, decoded and computed on the GPU,
+    within the GPU tolerance of plain (nvJPEG's decode; the recorded calls' kernels are exact)."""
+    import random
+
+    import torchvision.transforms as T
+    from photos import MEAN, STD
+    from test_pillow_ops import GeometricThenColour
+    from test_recorded import SelfSupervisedBlur
+    random.seed(5)
+    chain = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), SelfSupervisedBlur(), T.ToTensor(),
+                       T.Normalize(MEAN, STD)])
+    _gpu_vs_torchvision(image_folder(photo_root, chain), shuffle=True, seed=3)
+    ds = image_folder(photo_root, GeometricThenColour(T))
+    ref = load_all(ds, autoproxy=False, shuffle=True, seed=3)
+    out = load_all(ds, autoproxy=True, device="gpu", shuffle=True, seed=3)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
+    for (views_a, la), (views_b, lb) in zip(ref, out):
+        assert len(views_a) == len(views_b) == 3
+        for a, b in zip(views_a, views_b):
+            assert b.is_cuda
+            compare([(a, la)], [(b.cpu(), lb)], normalized=False, mae_max=GPU_MAE,
+                    psnr_min=GPU_PSNR)

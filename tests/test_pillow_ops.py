@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from helpers import image_folder, last_report, load_all
+from helpers import image_folder, last_report, load_all, recording_off
 from photos import photographs
 from PIL import Image, ImageFilter
 
@@ -116,11 +116,15 @@ def test_a_known_name_with_other_code_stays_in_the_worker(tmp_path, monkeypatch,
     monkeypatch.syspath_prepend(str(tmp_path))
     import moco.loader
     import torchvision.transforms as T
-    plan = build_plan(T.Compose([T.RandomResizedCrop(64), moco.loader.GaussianBlur(), T.ToTensor()]))
-    assert plan.worker_names == ["RandomResizedCrop", "GaussianBlur"]  # the class runs as written
-    assert "is not the code translated here" in plan.split_reason
-    with pytest.raises(Unsupported, match="is not the code translated here"):
-        build_plan(T.Compose([moco.loader.GaussianBlur(), T.PILToTensor()]))
+    chain = T.Compose([T.RandomResizedCrop(64), moco.loader.GaussianBlur(), T.ToTensor()])
+    plan = build_plan(chain)  # called as written, on a recording image: its own draw, recorded
+    assert "PillowBlur" not in [type(op).__name__ for op in plan.ops] and plan.records
+    with recording_off():
+        plan = build_plan(chain)
+        assert plan.worker_names == ["RandomResizedCrop", "GaussianBlur"]  # the class runs as written
+        assert "is not the code translated here" in plan.split_reason
+        with pytest.raises(Unsupported, match="is not the code translated here"):
+            build_plan(T.Compose([moco.loader.GaussianBlur(), T.PILToTensor()]))
 
 
 def test_moco_v3_augmentations_unchanged(photo_root, fresh_moco):
@@ -186,3 +190,96 @@ def test_a_fingerprint_reads_the_code_not_its_formatting(tmp_path, monkeypatch):
         found[name] = call_fingerprint(__import__(f"fp_{name}").GaussianBlur)
     assert found["as_moco"] == found["reformatted"] != found["changed"]
     assert found["as_moco"] == "c01026973d6d61b0"  # the fingerprint registered for moco.loader.GaussianBlur
+
+
+def _equal_nested(a, b):
+    """Every tensor of two nested batches equal, the structure the same."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b), float((a - b).abs().max())
+        return
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _equal_nested(a[k], b[k])
+        return
+    assert isinstance(a, (list, tuple)) and len(a) == len(b), (type(a), type(b))
+    for u, v in zip(a, b):
+        _equal_nested(u, v)
+
+
+class GeometricThenColour:
+    """DINOv2's shape: a geometric chain hands its PIL image to colour chains (each view its own)."""
+
+    def __init__(self, T):
+        self.geometric = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip()])
+        self.colour = T.Compose([T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+                                 T.RandomGrayscale(0.2), T.ToTensor()])
+        self.solarized = T.Compose([T.RandomSolarize(128, p=0.5), T.PILToTensor()])
+
+    def __call__(self, img):
+        base = self.geometric(img)
+        return [self.colour(base), self.solarized(base), self.colour(self.geometric(img))]
+
+
+def test_a_chain_handing_its_image_to_chains_is_one_plan_on_dali(photo_root):
+    import torchvision.transforms as T
+    ds = image_folder(photo_root, GeometricThenColour(T))
+    ref, out = _seeded_runs(ds)
+    _equal_nested(ref, out)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
+
+
+class HandedAndRead:
+    """A handed image whose pixels the dataset's code reads: plain's pixels, plain's draws after."""
+
+    def __init__(self, T):
+        self.geometric = T.Compose([T.RandomResizedCrop(40), T.RandomHorizontalFlip()])
+        self.to_tensor = T.Compose([T.RandomVerticalFlip(), T.PILToTensor()])
+
+    def __call__(self, img):
+        base = self.geometric(img)
+        mean = torch.from_numpy(np.asarray(base).astype(np.float32)).mean()
+        return [self.to_tensor(base), mean, self.to_tensor(self.geometric(img))]
+
+
+def test_a_handed_image_read_as_pixels_is_plains(photo_root):
+    import torchvision.transforms as T
+    ds = image_folder(photo_root, HandedAndRead(T))
+    ref, out = _seeded_runs(ds)
+    _equal_nested(ref, out)
+
+
+def _import_from(env: str, module: str, what: str):
+    root = os.environ.get(env)
+    if not root:
+        pytest.skip(f"set {env} to a checkout of the repository")
+    sys.path.insert(0, root)
+    try:
+        return getattr(__import__(module, fromlist=[what]), what)
+    finally:
+        sys.path.remove(root)
+
+
+def test_dinov2_augmentation_unchanged(photo_root):
+    """DINOv2's ``dinov2/data/augmentations.py`` and ``transforms.py`` (DINOV2_DIR: a directory
+    holding them as ``dinov2/data/``): global and local crops proxied, decode on DALI, equal to plain."""
+    augmentation = _import_from("DINOV2_DIR", "dinov2.data.augmentations", "DataAugmentationDINO")
+    ds = image_folder(photo_root, augmentation((0.32, 1.0), (0.05, 0.32), 2, global_crops_size=64,
+                                               local_crops_size=32))
+    ref, out = _seeded_runs(ds)
+    _equal_nested(ref, out)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
+
+
+def test_swav_multicrop_dataset_unchanged(photo_root):
+    """SwAV's ``src/multicropdataset.py`` (SWAV_DIR: a checkout of facebookresearch/swav), its own
+    dataset and PIL blur: every crop proxied, decode on DALI, equal to plain."""
+    dataset = _import_from("SWAV_DIR", "src.multicropdataset", "MultiCropDataset")
+    ds = dataset(photo_root, size_crops=[64, 32], nmb_crops=[2, 2], min_scale_crops=[0.14, 0.05],
+                 max_scale_crops=[1.0, 0.14])
+    ref, out = _seeded_runs(ds)
+    _equal_nested(ref, out)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep

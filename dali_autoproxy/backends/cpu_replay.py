@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torchvision.transforms.functional as F
 import torchvision.transforms.v2.functional as F2
-from PIL import Image, ImageFilter
+from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 from torchvision.transforms import InterpolationMode as M
 
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
@@ -42,7 +42,7 @@ from dali_autoproxy.plan.ir import (
     jitter_order,
 )
 from dali_autoproxy.plan.kernel_table import KernelTable
-from dali_autoproxy.plan.pillow_ops import PillowBlur
+from dali_autoproxy.plan.pillow_ops import PILLOW_CALLS, PillowBlur, PillowCall
 from dali_autoproxy.plan.planning import Plan
 from dali_autoproxy.plan.tv_internals import tensor_policy_operation
 
@@ -232,3 +232,30 @@ def _pillow_blur(img, op: PillowBlur, row, v2_step):  # what the user's class as
     if radius == (0.0, 0.0):
         return img
     return img.filter(ImageFilter.GaussianBlur(radius) if op.gaussian else ImageFilter.BoxBlur(radius))
+
+
+_PILLOW_CALLS = {  # what the user's code called, called again with the same arguments
+    "gaussian_blur": lambda img, a, b: img.filter(ImageFilter.GaussianBlur((a, b))),
+    "box_blur": lambda img, a, b: img.filter(ImageFilter.BoxBlur((a, b))),
+    "smooth": lambda img, a, b: img.filter(ImageFilter.SMOOTH),
+    "hflip": lambda img, a, b: img.transpose(Image.Transpose.FLIP_LEFT_RIGHT),
+    "vflip": lambda img, a, b: img.transpose(Image.Transpose.FLIP_TOP_BOTTOM),
+    "grayscale": lambda img, a, b: img.convert("L").convert(img.mode),  # the luma in every channel
+    "invert": lambda img, a, b: ImageOps.invert(img),
+    "solarize": lambda img, a, b: ImageOps.solarize(img, a),
+    "posterize": lambda img, a, b: img.point([i & int(a) for i in range(256)] * len(img.getbands())),
+    "equalize": lambda img, a, b: ImageOps.equalize(img),
+    "autocontrast": lambda img, a, b: ImageOps.autocontrast(img),
+    "brightness": lambda img, a, b: ImageEnhance.Brightness(img).enhance(a),
+    "contrast": lambda img, a, b: ImageEnhance.Contrast(img).enhance(a),
+    "color": lambda img, a, b: ImageEnhance.Color(img).enhance(a),
+    "sharpness": lambda img, a, b: ImageEnhance.Sharpness(img).enhance(a),
+}
+
+
+@CPU_KERNELS.register(PillowCall)
+def _pillow_call(img, op: PillowCall, row, v2_step):  # what a recorded transform asked of Pillow
+    call = PILLOW_CALLS[int(op.value(row, "call"))]
+    if call == "none":
+        return img
+    return _PILLOW_CALLS[call](img, float(op.value(row, "a")), float(op.value(row, "b")))

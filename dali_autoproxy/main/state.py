@@ -34,6 +34,7 @@ class LoaderState:
         }
         self.idle_runners: Dict[RunnerKey, list] = collections.defaultdict(list)
         self.plans: Dict[str, Plan] = {}
+        self.used: set = set()  # keys of the plans batches came with (a worker may replan a chain)
         self.lock = threading.Lock()
         self._logged: Optional[Tuple[bool, Optional[str]]] = None
 
@@ -68,7 +69,8 @@ class LoaderState:
                                rec["dataset"], decision.reason)
 
     def _describe_plans(self) -> None:
-        rec, plans = self.record, list(self.plans.values())
+        rec = self.record
+        plans = [p for p in self.plans.values() if not self.used or p.key in self.used]
         rec["dali_transforms"] = (["decode"] if rec["decode_on_dali"] else []) + [n for p in plans for n in p.names]
         rec["worker_transforms"] = [n for p in plans for n in p.worker_names]
         splits = [f"{' -> '.join(p.worker_names)} | {' -> '.join(p.names)} ({p.split_reason})"
@@ -87,6 +89,10 @@ class LoaderState:
     def count_decoding(self, pb: ProxyBatch) -> None:
         rec = self.record
         rec["decoded_on_dali"] += sum(len(g.indices) for g in pb.groups if g.kind == ENCODED)
+        keys = {g.key for g in pb.groups} - self.used
+        if keys:
+            self.used |= keys
+            self._describe_plans()
         for why, n in pb.why.items():
             rec["decoded_in_worker"][why] = rec["decoded_in_worker"].get(why, 0) + n
         if rec["decoded_on_dali"] and not rec["decode_on_dali"]:

@@ -25,3 +25,40 @@ class PillowBlur(Op):
     @property
     def passes(self) -> int:
         return 3 if self.gaussian else 1
+
+
+# what a recorded Pillow call did (``PillowCall``'s ``call``), and what its values ``a``, ``b`` hold
+PILLOW_CALLS = (
+    "none",            # no call at this position
+    "gaussian_blur",   # filter(GaussianBlur): a, b = x, y radius
+    "box_blur",        # filter(BoxBlur): a, b = x, y radius
+    "smooth",          # filter(SMOOTH): Pillow's 3 x 3 kernel, the border copied
+    "hflip",           # transpose(FLIP_LEFT_RIGHT), ImageOps.mirror
+    "vflip",           # transpose(FLIP_TOP_BOTTOM), ImageOps.flip
+    "grayscale",       # convert("L"): Pillow's luma, kept in every channel
+    "invert",          # point(255 - x), ImageOps.invert
+    "solarize",        # point(solarize): a = threshold (x >= a is inverted)
+    "posterize",       # point(x & mask): a = mask
+    "equalize",        # ImageOps.equalize
+    "autocontrast",    # ImageOps.autocontrast, cutoff 0
+    "brightness",      # ImageEnhance.Brightness(img).enhance(a)
+    "contrast",        # ImageEnhance.Contrast(img).enhance(a)
+    "color",           # ImageEnhance.Color(img).enhance(a)
+    "sharpness",       # ImageEnhance.Sharpness(img).enhance(a)
+)
+CALL_CODE = {name: code for code, name in enumerate(PILLOW_CALLS)}
+
+
+@dataclass(frozen=True)
+class PillowCall(Op):
+    """One Pillow call that a transform without a translation made on a recording image
+    (``plan/recording.py``), per sample: ``call`` indexes PILLOW_CALLS, ``a`` and ``b`` are its
+    arguments as the user's code passed them. A recorded transform gets a few of these in a row,
+    one per call it made; positions it did not use hold "none". Every call keeps the size and the
+    channels (an image converted to "L" keeps its luma in every channel, which every recorded
+    call treats as Pillow treats the "L" image). Samples of a batch may record different calls:
+    the kernels take each call's samples together."""
+    placement: ClassVar[Placement] = Placement.TORCH
+    params: ClassVar[Tuple[str, ...]] = ("call", "a", "b")
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (0, 0.0, 0.0)
+    slot: int

@@ -12,6 +12,7 @@ to build up front; the workers intercept every recognised chain wherever it is c
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import types
@@ -19,9 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, List, Optional, Tuple
 
 from dali_autoproxy.plan.ir import Op, Placement, ToCHW, Unsupported, split_at_takeover
+from dali_autoproxy.plan.pillow_ops import PillowCall
+from dali_autoproxy.plan.recording import PIXEL_READERS
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.steps import ChainState, SampleGeometry, Step
 from dali_autoproxy.plan.translate import flatten, is_chain, lookup, transform_name
+from dali_autoproxy.plan.translate.recorded import cannot_record, record_step
 
 Path = Tuple[Any, ...]  # how a chain was reached from the loader's dataset (for messages)
 
@@ -40,6 +44,11 @@ class Plan:
     def ops(self) -> List[Op]:
         return [op for s in self.steps for op in s.ops]
 
+    @functools.cached_property
+    def records(self) -> bool:
+        """Whether a step is recorded (its drawer calls a transform that may need pixels)."""
+        return any(type(op) is PillowCall for op in self.ops)
+
     def signature(self) -> str:
         """Everything a back end uses: ops, the transforms they came from, the worker split."""
         return f"{self.worker_prefix}|{[(s.name, s.ops) for s in self.steps]!r}"
@@ -54,8 +63,11 @@ class Plan:
 
     def draw_sample(self, height: int, width: int) -> Tuple[List[float], Tuple[int, int, int]]:
         """One sample's params row, and the (C, H, W) of the tensor the plan makes of it."""
-        g = SampleGeometry(height, width)
-        for step in self.steps:
+        return self.draw_from(SampleGeometry(height, width), 0)
+
+    def draw_from(self, g: SampleGeometry, start: int) -> Tuple[List[float], Tuple[int, int, int]]:
+        """The draws of steps ``start``.. continuing ``g`` (what the steps before drew)."""
+        for step in self.steps[start:]:
             if step.draw is not None:
                 step.draw(g)
         return g.params, (self.state.channels, int(g.height), int(g.width))
@@ -188,7 +200,7 @@ def _looks_like_dataset(obj: Any) -> bool:
     return hasattr(type(obj), "__getitem__") and not isinstance(obj, (list, tuple, dict))
 
 
-def _translate(transforms: List[Any], exact_resize: bool = True) -> Plan:
+def _translate(transforms: List[Any], exact_resize: bool = True, ends_as_pil: bool = False) -> Plan:
     state = ChainState(fidelity=SETTINGS["fidelity"], exact_resize=exact_resize and SETTINGS["resize"] == "pillow")
     counter = [0]
 
@@ -198,7 +210,7 @@ def _translate(transforms: List[Any], exact_resize: bool = True) -> Plan:
         counter[0] += op_type.width()
         return start
 
-    steps = [lookup(t)(t, state, alloc) for t in transforms]
+    steps = [_convert(t, state, alloc, counter) for t in transforms]
     if not steps:
         raise Unsupported("the transform chain is empty")
     dali_part, _ = split_at_takeover([op for s in steps for op in s.ops])
@@ -207,11 +219,48 @@ def _translate(transforms: List[Any], exact_resize: bool = True) -> Plan:
         name = next(s.name for s in steps if stuck[0] in s.ops)
         raise Unsupported(f"{name} before a resize or crop runs in the worker (its exact kernel is in the "
                           "torch stage, which follows DALI's resizes)")
+    if ends_as_pil:
+        if state.kind != "pil":
+            raise Unsupported("the chain does not end in a PIL image")
+        return Plan(steps, state, counter[0], [transform_name(t) for t in transforms])
     if state.kind != "tensor":
-        raise Unsupported("the chain ends in a PIL image, which default_collate cannot batch")
+        raise Unsupported(ENDS_AS_PIL)
     if not any(type(op) is ToCHW for s in steps for op in s.ops):  # pragma: no cover
         raise Unsupported("the chain never converts to a tensor")
     return Plan(steps, state, counter[0], [transform_name(t) for t in transforms])
+
+
+def _convert(t: Any, state: ChainState, alloc, counter: List[int]) -> Step:
+    """``t``'s translation; where it has none (or its converter refused it) and it can be
+    recorded, its recorded step, with the row and the chain's state as they were before it."""
+    mark, before = counter[0], dataclasses.replace(state)
+    try:
+        return lookup(t)(t, state, alloc)
+    except Unsupported as exc:
+        why_not, refused = cannot_record(t, before), str(exc)
+        if why_not is not None:
+            raise Unsupported(why_not if type(t) in PIXEL_READERS else refused) from None
+    counter[0] = mark
+    state.__dict__.update(before.__dict__)
+    return record_step(t, state, alloc, refused)
+
+
+ENDS_AS_PIL = "the chain ends in a PIL image, which default_collate cannot batch"
+
+
+def build_head_plan(transform: Any) -> Plan:
+    """The plan of a chain that ends in a PIL image another chain takes (DINOv2's geometric
+    chain before its colour chains): translated whole, no step recorded, or Unsupported."""
+    plan = _translate(flatten(transform), ends_as_pil=True)
+    if plan.records:
+        raise Unsupported("a chain handing its image on records a step")
+    return plan
+
+
+def build_joined_plan(head: Any, tail: Any) -> Plan:
+    """One plan for a head chain's image taken by ``tail``: both chains' transforms in one
+    chain, translated whole (the head's steps, and so its values in the row, come first)."""
+    return _translate(flatten(head) + flatten(tail))
 
 
 def _ends_as_pil(prefix: List[Any]) -> bool:

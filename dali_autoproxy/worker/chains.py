@@ -25,9 +25,10 @@ import torch
 
 from dali_autoproxy.config import logger
 from dali_autoproxy.plan.ir import Unsupported
-from dali_autoproxy.plan.planning import build_plan
+from dali_autoproxy.plan.planning import ENDS_AS_PIL, build_head_plan, build_plan
 from dali_autoproxy.transport import ProxySample
 from dali_autoproxy.worker.deferred import defer_convert
+from dali_autoproxy.worker.handover import HeadNode
 from dali_autoproxy.worker.proxy_node import ProxyNode
 from dali_autoproxy.worker.routing import local
 
@@ -40,16 +41,16 @@ class ChainRouter:
 
     def __init__(self, known_keys: Iterable[str]):
         self.known = set(known_keys)
-        self.nodes: Dict[int, Tuple[Any, Optional[ProxyNode]]] = {}
+        self.nodes: Dict[int, Tuple[Any, Optional[Any]]] = {}  # a ProxyNode, a HeadNode or None
         self.produced: List[int] = []  # ids of chains that made ProxySamples during this fetch
 
-    def node_for(self, chain: Any) -> Optional[ProxyNode]:
+    def node_for(self, chain: Any) -> Optional[Any]:
         entry = self.nodes.get(id(chain))
         if entry is None or entry[0] is not chain:
             try:
                 plan = build_plan(chain)
-            except Unsupported:
-                node = None
+            except Unsupported as exc:
+                node = _head_node(chain) if str(exc) == ENDS_AS_PIL else None
             except Exception:  # a converter tripped on an unusual transform: never the user's problem
                 logger.debug("planning a chain in a worker failed; it runs as plain torchvision", exc_info=True)
                 node = None
@@ -68,6 +69,17 @@ class ChainRouter:
                                "that chain runs as plain torchvision in this worker",
                                type(chain).__name__)
                 self.nodes[cid] = (chain, None)
+
+
+def _head_node(chain: Any) -> Optional[HeadNode]:
+    """A chain ending in a PIL image hands its image on (``worker/handover.py``) when it translates."""
+    try:
+        return HeadNode(build_head_plan(chain), chain)
+    except Unsupported:
+        return None
+    except Exception:  # pragma: no cover - a converter tripped: the chain runs as written
+        logger.debug("planning a chain that hands its image on failed", exc_info=True)
+        return None
 
 
 def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

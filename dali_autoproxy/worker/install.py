@@ -10,6 +10,7 @@ from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
 from dali_autoproxy.patches import ledger
 from dali_autoproxy.plan.planning import walk
+from dali_autoproxy.plan.recording import PILLOW_HOOKS
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.translate import compose_types
 from dali_autoproxy.worker.chains import ChainRouter, convert_jpeg, guarded_fetch, on_chain_call
@@ -25,12 +26,15 @@ def entry_point(cls: type) -> str:
 
 
 def patch(chain_classes: Iterable[type]) -> None:
-    """Wrap the entry points of these chain classes, Pillow's JPEG convert, torch's map fetcher
-    and the loaded data libraries' image decoders, in this process (idempotent; recorded in the patch
+    """Wrap the entry points of these chain classes, Pillow's JPEG convert and the functions
+    recorded on recording images, torch's map fetcher and the loaded data libraries' image
+    decoders, in this process (idempotent; recorded in the patch
     ledger, undone by disable())."""
     for cls in set(compose_types()) | set(chain_classes):
         ledger.wrap(cls, entry_point(cls), on_chain_call)
     ledger.wrap(JpegImageFile, "convert", convert_jpeg)
+    for owner, name, wrapper in PILLOW_HOOKS:  # Pillow's functions that measure pixels first, recorded
+        ledger.wrap(owner, name, wrapper)
     ledger.wrap(_MapDatasetFetcher, "fetch", guarded_fetch)
     for owner, method, wrapper in loaded_decoders():  # webdataset's and Hugging Face's eager decoders
         ledger.wrap(owner, method, wrapper)

@@ -7,16 +7,33 @@ chain's head here first; an input DALI should not see runs the whole chain here.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 from PIL import Image
 
-from dali_autoproxy.plan.planning import Plan
+from dali_autoproxy.config import logger
+from dali_autoproxy.plan.ir import Unsupported
+from dali_autoproxy.plan.planning import Plan, build_joined_plan, build_plan
+from dali_autoproxy.plan.recording import CALL_WIDTHS, MAX_CALLS, PIXEL_READERS, NeedsPixels
+from dali_autoproxy.plan.steps import SampleGeometry
 from dali_autoproxy.plan.translate import flatten
-from dali_autoproxy.transport import ENCODED, RAW, WHY_CPU, WHY_DECODED, WHY_NOT_PLAIN_JPEG, WHY_PREFIX, ProxySample
+from dali_autoproxy.transport import (
+    ENCODED,
+    RAW,
+    WHY_CPU,
+    WHY_DECODED,
+    WHY_NOT_PLAIN_JPEG,
+    WHY_PREFIX,
+    WHY_RECORDING,
+    ProxySample,
+)
+from dali_autoproxy.worker.collate import rng_states, set_rng_states
 from dali_autoproxy.worker.deferred import NOT_DEFERRED, DeferredJpeg, encoded_jpeg
+from dali_autoproxy.worker.handover import HandedImage
+
+MAX_REPLANS = 8  # plans tried for one sample before its chain runs as the last one says
 
 
 def _why_decoded_here(img: Any) -> str:
@@ -27,11 +44,39 @@ def _why_decoded_here(img: Any) -> str:
     return WHY_DECODED
 
 
+def _learn(exc: NeedsPixels) -> None:
+    """What a recorded transform's NeedsPixels says, for the plans made from now on: it made
+    more calls than planned (plan more), or it needs pixels (it runs in the worker)."""
+    if exc.calls is not None and exc.calls <= MAX_CALLS:
+        CALL_WIDTHS[exc.transform] = min(MAX_CALLS, max(exc.calls, 2 * CALL_WIDTHS.get(exc.transform, 1)))
+    else:
+        PIXEL_READERS[exc.transform] = str(exc)
+        logger.info("dali_autoproxy: %s; it runs in the worker", exc)
+
+
+def _join(head: Any, head_plan: Plan, tail: Any) -> Optional[Plan]:
+    """The plan of ``tail`` taking ``head``'s image, when the head's steps open it unchanged."""
+    try:
+        plan = build_joined_plan(head, tail)
+    except Unsupported:
+        return None
+    except Exception:  # pragma: no cover - a converter tripped: the image gets its pixels
+        logger.debug("joining two chains failed", exc_info=True)
+        return None
+    opening = [(s.name, s.ops) for s in plan.steps[:len(head_plan.steps)]]
+    return plan if opening == [(s.name, s.ops) for s in head_plan.steps] else None
+
+
 class ProxyNode:
     """What a recognised chain's call does in a worker: hand the image over to DALI."""
 
     def __init__(self, plan: Plan, original: Any, announce: bool):
-        self.plan = plan
+        self._use(plan, original, announce)
+
+    def _use(self, plan: Plan, original: Any, announce: bool) -> None:
+        self.joined: Dict[int, Tuple[Any, Optional[Plan]]] = {}  # head chain id: (head, joined plan)
+        self.plan: Optional[Plan] = plan
+        self.plain_reason = WHY_RECORDING
         self.key = plan.key
         self.dtype = torch.uint8 if plan.state.dtype == "uint8" else torch.float32
         self.original = original
@@ -41,6 +86,68 @@ class ProxyNode:
         self.rest = flat[plan.worker_prefix:]
 
     def __call__(self, img: Any) -> Any:
+        if type(img) is HandedImage and img.handed:
+            out = self._joined(img)
+            if out is not None:
+                return out
+        for _ in range(MAX_REPLANS):
+            if self.plan is None:  # nothing worth moving is left: the chain runs as written
+                return self._as_written(img)
+            if not self.plan.records:
+                return self._call(img)
+            states = rng_states()
+            try:
+                return self._call(img)
+            except NeedsPixels as exc:  # a recorded transform needs pixels: replan, draw again
+                set_rng_states(states)
+                self._replan(exc)
+        self.plan = None
+        return self._as_written(img)
+
+    def _joined(self, img: HandedImage) -> Optional[ProxySample]:
+        """The handed image's JPEG, with the head's draws and this chain's after them, under the
+        plan of both chains in one (None: they do not join; the image then gets its pixels)."""
+        head = id(img.head)
+        if head not in self.joined or self.joined[head][0] is not img.head:
+            self.joined[head] = (img.head, _join(img.head, img.plan, self.original))
+        plan = self.joined[head][1]
+        if plan is None:
+            return None
+        states = rng_states()
+        g = SampleGeometry(img.shape[1], img.shape[2], img.shape[0])
+        g.params = list(img.params)
+        try:
+            params, shape = plan.draw_from(g, len(img.plan.steps))
+        except NeedsPixels as exc:  # a recorded step of this chain: the image gets its pixels
+            set_rng_states(states)
+            _learn(exc)
+            del self.joined[head]
+            return None
+        data, _, path = img.jpeg
+        dtype = torch.uint8 if plan.state.dtype == "uint8" else torch.float32
+        return ProxySample(plan.key, ENCODED, np.frombuffer(data, dtype=np.uint8), params, path, plan=plan,
+                           shape=shape, dtype=dtype)
+
+    def _as_written(self, img: Any) -> Any:
+        """The chain as written, its tensor marked with why (for the report)."""
+        out = self.original(img)
+        if isinstance(out, torch.Tensor):
+            return ProxySample(self.key, done=out.as_subclass(torch.Tensor), why=self.plain_reason)
+        return out
+
+    def _replan(self, exc: NeedsPixels) -> None:
+        """Plan the chain again, knowing what ``exc`` says of the recorded transform: it made more
+        calls than planned (plan more), or it needs pixels (it runs in the worker, and the report
+        says why). The new plan travels with the samples."""
+        _learn(exc)
+        try:
+            plan = build_plan(self.original)
+        except Unsupported:
+            self.plan, self.plain_reason = None, f"{WHY_RECORDING}: {exc}"
+            return
+        self._use(plan, self.original, announce=True)
+
+    def _call(self, img: Any) -> Any:
         if not self.prefix:
             enc = encoded_jpeg(img)
             if enc is not None:

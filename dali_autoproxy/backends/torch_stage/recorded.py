@@ -1,0 +1,71 @@
+"""The Pillow calls recorded from transforms without a translation (``PillowCall``): each call's
+samples gathered and computed together with Pillow's arithmetic (the kernels of the sibling
+modules: Pillow's box blur, its SMOOTH filter, luma, blends, look-up tables, equalize,
+autocontrast), written back in place. A position where no sample made a call costs nothing."""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import numpy as np
+import torch
+
+from dali_autoproxy.backends.torch_stage.color import autocontrast, blend, blend_step, equalize, luma
+from dali_autoproxy.backends.torch_stage.filters import smooth
+from dali_autoproxy.backends.torch_stage.pillow_filters import pillow_blur
+from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
+from dali_autoproxy.plan.pillow_ops import PILLOW_CALLS, PillowCall
+
+Call = Callable[[torch.Tensor, np.ndarray, np.ndarray], torch.Tensor]  # (samples, a, b) -> samples
+
+
+def _per_sample(values: np.ndarray, x: torch.Tensor) -> torch.Tensor:
+    return upload(np.asarray(values, dtype=np.float32), x.device).view(-1, 1, 1, 1)
+
+
+def _grayscale(x: torch.Tensor, a, b) -> torch.Tensor:
+    return luma(x).unsqueeze(1).expand(-1, x.shape[1], -1, -1)
+
+
+def _blend(which: int) -> Call:
+    """Brightness (0), Contrast (1) or Color (2): Pillow's blend with its degenerate image."""
+    def run(x: torch.Tensor, a, b) -> torch.Tensor:
+        factors = np.ones((len(a), 3), dtype=np.float32)
+        factors[:, which] = a  # float32, as Pillow's blend takes the factor
+        return blend_step(x, np.full(len(a), which), upload(factors, x.device))
+    return run
+
+
+def _posterize(x: torch.Tensor, a, b) -> torch.Tensor:
+    masks = upload(np.asarray(a, dtype=np.int64), x.device).view(-1, 1, 1, 1)
+    return (x.to(torch.int64) & masks).to(x.dtype)
+
+
+CALLS: Dict[str, Call] = {
+    "gaussian_blur": lambda x, a, b: pillow_blur(x, a, b, 3, True),
+    "box_blur": lambda x, a, b: pillow_blur(x, a, b, 1, False),
+    "smooth": lambda x, a, b: smooth(x),
+    "hflip": lambda x, a, b: x.flip(3),
+    "vflip": lambda x, a, b: x.flip(2),
+    "grayscale": _grayscale,
+    "invert": lambda x, a, b: 255 - x,
+    "solarize": lambda x, a, b: torch.where(x >= _per_sample(a, x), 255 - x, x),
+    "posterize": _posterize,
+    "equalize": lambda x, a, b: equalize(x),
+    "autocontrast": lambda x, a, b: autocontrast(x),
+    "brightness": _blend(0),
+    "contrast": _blend(1),
+    "color": _blend(2),
+    "sharpness": lambda x, a, b: blend(smooth(x), x, _per_sample(a, x)),
+}
+
+
+@kernel(PillowCall)
+def _pillow_call(x: torch.Tensor, op: PillowCall, batch: Batch) -> torch.Tensor:
+    host = batch.host
+    codes = host[:, op.col("call")].astype(np.int64)
+    a, b = host[:, op.col("a")], host[:, op.col("b")]
+    for code in np.unique(codes[codes > 0]):
+        rows = np.flatnonzero(codes == code)
+        run = CALLS[PILLOW_CALLS[code]]
+        x = update_rows(x, rows, lambda sub, _, run=run, rows=rows: run(sub, a[rows], b[rows]))
+    return x

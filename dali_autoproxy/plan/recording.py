@@ -1,0 +1,241 @@
+"""Recording images: what a transform without a translation is called with, in a worker.
+
+A self-supervised recipe's few-line class (``img.filter(ImageFilter.GaussianBlur(r))``,
+``ImageOps.solarize(img)``, ``ImageEnhance.Contrast(img).enhance(f)``...) has no converter. Its
+drawer (``translate/recorded.py``) calls it with a :class:`RecordingImage`: a real
+``PIL.Image.Image`` of the sample's size and mode at that point of the chain, without pixels.
+The Pillow calls that have a kernel (``pillow_ops.PILLOW_CALLS``) return a new recording image
+with the call appended, holding the arguments the user's code passed; the user's own random
+draws run as written, on the same generators, so they are plain's. Pillow's module functions
+that read pixels to decide (``ImageOps.equalize`` and ``autocontrast``, ``ImageEnhance``) are
+recorded through the hooks in ``PILLOW_HOOKS``, which the workers install.
+
+Anything that needs the pixels (``load()``, ``im``, ``np.asarray``, ``tobytes``, ``getpixel``,
+``crop``, ``resize``, ``paste``, an unknown method...) raises :class:`NeedsPixels`: the worker
+then restores the random generators, plans the chain again with that class in the worker and
+runs the sample that way (exactly plain), and the report names the class and the call.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+from PIL import Image, ImageEnhance, ImageFilter, ImageOps
+
+Call = Tuple[str, float, float]  # (PILLOW_CALLS name, a, b)
+
+MAX_CALLS = 16  # calls one transform may record per sample; more: it runs in the worker
+
+
+class NeedsPixels(BaseException):
+    """A recorded transform needed what a recording image does not have. A BaseException, so
+    that the user's ``except Exception`` does not swallow it and change what the code does."""
+
+    def __init__(self, what: str, where: Optional[str] = None, calls: Optional[int] = None,
+                 transform: Optional[type] = None):
+        super().__init__(what if where is None else f"{what} at {where}")
+        self.what, self.where = what, where
+        self.calls = calls          # set when the transform only made more calls than were planned
+        self.transform = transform  # the recorded transform's type (set by its drawer)
+
+
+class _Recording(threading.local):
+    active: int = 0  # > 0 while a drawer calls a transform with a recording image
+
+
+recording = _Recording()
+
+_OURS = tuple(os.path.dirname(m.__file__) + os.sep for m in (Image,)) + (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
+_LIBRARIES = ("numpy", "torchvision", "torch")
+
+
+def _user_frame() -> Optional[str]:
+    """``file:line`` of the innermost caller outside Pillow, autoproxy, NumPy and torchvision
+    (where the user's code asked for pixels), else of the innermost outside Pillow."""
+    frame = sys._getframe(2)
+    fallback = None
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_OURS):
+            where = f"{path}:{frame.f_lineno}"
+            fallback = fallback or where
+            if not any(f"{os.sep}{lib}{os.sep}" in path for lib in _LIBRARIES):
+                return where
+        frame = frame.f_back
+    return fallback
+
+
+def _pil_caller() -> str:
+    """The outermost Pillow method on the stack (what the user called), e.g. ``crop``."""
+    frame, name = sys._getframe(2), "load"
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_OURS[0]):
+            name = frame.f_code.co_name
+        frame = frame.f_back
+    return name
+
+
+def _needs_pixels() -> NeedsPixels:
+    if not recording.active:  # a recording image kept by the user's code and used later
+        raise RuntimeError("dali_autoproxy: an image recorded for a transform was used after the transform "
+                           "returned; set DALI_AUTOPROXY=0 to run this dataset as plain torchvision")
+    return NeedsPixels(f"Image.{_pil_caller()}", _user_frame())
+
+
+class RecordingImage(Image.Image):
+    """A PIL image of known size and mode whose pixels are not here: each recorded call returns
+    a new one with the call appended to ``calls``; anything else needs the pixels."""
+
+    def __init__(self, size: Tuple[int, int], mode: str, calls: Tuple[Call, ...] = ()):
+        super().__init__()
+        self._size = (int(size[0]), int(size[1]))
+        self._mode = mode
+        self.calls = calls
+
+    def then(self, name: str, a: float = 0.0, b: float = 0.0, mode: Optional[str] = None) -> "RecordingImage":
+        return RecordingImage(self._size, mode or self._mode, self.calls + ((name, float(a), float(b)),))
+
+    def _same(self, mode: Optional[str] = None) -> "RecordingImage":
+        return RecordingImage(self._size, mode or self._mode, self.calls)
+
+    # ----------------------------------------------------------------- no pixels here
+    @property
+    def im(self) -> Any:
+        raise _needs_pixels()
+
+    @im.setter
+    def im(self, value: Any) -> None:
+        raise _needs_pixels()
+
+    def load(self) -> Any:
+        raise _needs_pixels()
+
+    # ----------------------------------------------------------------- recorded calls
+    def copy(self) -> "RecordingImage":
+        return self._same()
+
+    __copy__ = copy
+
+    def convert(self, mode: Optional[str] = None, *args: Any, **kwargs: Any) -> Image.Image:
+        if args or kwargs or mode not in (None, "RGB", "L"):
+            raise _needs_pixels()
+        if mode is None or mode == self._mode:
+            return self._same()
+        if mode == "L":
+            return self.then("grayscale", mode="L")
+        return self._same(mode="RGB")  # L -> RGB: the luma is in every channel already
+
+    def filter(self, filter: Any) -> Image.Image:
+        if isinstance(filter, type):  # Pillow instantiates a filter class (``img.filter(SMOOTH)``)
+            filter = filter()
+        kind = type(filter)
+        if kind is ImageFilter.SMOOTH:
+            if min(self._size) < 3:
+                raise _needs_pixels()
+            return self.then("smooth")
+        if kind not in (ImageFilter.GaussianBlur, ImageFilter.BoxBlur):
+            raise _needs_pixels()
+        radius = filter.radius
+        x, y = (radius, radius) if isinstance(radius, (int, float)) else tuple(radius)
+        if x < 0 or y < 0:
+            raise _needs_pixels()
+        if (x, y) == (0, 0):
+            return self._same()  # Pillow returns a copy
+        return self.then("gaussian_blur" if kind is ImageFilter.GaussianBlur else "box_blur", x, y)
+
+    def point(self, lut: Any, mode: Optional[str] = None) -> Image.Image:
+        if mode is not None or isinstance(lut, Image.ImagePointHandler):
+            raise _needs_pixels()
+        bands = len(self.getbands())
+        table = [lut(i) for i in range(256)] * bands if callable(lut) else list(lut)
+        if len(table) != 256 * bands:
+            raise _needs_pixels()
+        table = [round(v) for v in table]
+        if any(table[k * 256:(k + 1) * 256] != table[:256] for k in range(1, bands)):
+            raise _needs_pixels()  # a table per band
+        call = classify_table(table[:256])
+        if call is None:
+            raise _needs_pixels()
+        return self._same() if call[0] == "none" else self.then(*call)
+
+    def transpose(self, method: Any) -> Image.Image:
+        if method == Image.Transpose.FLIP_LEFT_RIGHT:
+            return self.then("hflip")
+        if method == Image.Transpose.FLIP_TOP_BOTTOM:
+            return self.then("vflip")
+        if method == Image.Transpose.ROTATE_180:
+            return self.then("hflip").then("vflip")
+        raise _needs_pixels()
+
+
+def classify_table(table: list) -> Optional[Tuple[Any, ...]]:
+    """The recorded call a 256-entry look-up table is (identity, invert, solarize, posterize), or None."""
+    levels = range(256)
+    if table == list(levels):
+        return ("none",)
+    if table == [255 - i for i in levels]:
+        return ("invert",)
+    threshold = next(i for i in levels if table[i] != i)
+    if table == [i if i < threshold else 255 - i for i in levels]:
+        return ("solarize", threshold)
+    for bits in range(8):
+        mask = ~(2 ** (8 - bits) - 1) & 0xFF
+        if table == [i & mask for i in levels]:
+            return ("posterize", mask)
+    return None
+
+
+# ----------------------------------------------------------------------------- Pillow's functions
+def _is_recording(img: Any) -> bool:
+    return type(img) is RecordingImage
+
+
+def _equalize(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if args and _is_recording(args[0]) and len(args) == 1 and kwargs.get("mask") is None:
+        return args[0].then("equalize")
+    return wrapped(*args, **kwargs)
+
+
+_AUTOCONTRAST_DEFAULTS = {"cutoff": 0, "ignore": None, "mask": None, "preserve_tone": False}
+
+
+def _autocontrast(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if (args and _is_recording(args[0]) and len(args) == 1
+            and all(_AUTOCONTRAST_DEFAULTS.get(k, object()) == v for k, v in kwargs.items())):
+        return args[0].then("autocontrast")
+    return wrapped(*args, **kwargs)
+
+
+_ENHANCERS = {ImageEnhance.Brightness: "brightness", ImageEnhance.Contrast: "contrast",
+              ImageEnhance.Color: "color", ImageEnhance.Sharpness: "sharpness"}
+
+
+def _enhancer_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Pillow's enhancers measure the image as they are made (Contrast its mean): on a recording
+    image, only remember it; ``enhance`` records the call."""
+    image = args[0] if args else kwargs.get("image")
+    if _is_recording(image) and type(instance) in _ENHANCERS:
+        instance.image = image
+        return None
+    return wrapped(*args, **kwargs)
+
+
+def _enhance(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    image = getattr(instance, "image", None)
+    if _is_recording(image) and type(instance) in _ENHANCERS and len(args) + len(kwargs) == 1:
+        factor = args[0] if args else kwargs["factor"]
+        return image.then(_ENHANCERS[type(instance)], float(factor))
+    return wrapped(*args, **kwargs)
+
+
+# (owner, attribute, wrapt wrapper): installed in a proxied loader's workers (worker/install.py)
+PILLOW_HOOKS = [(ImageOps, "equalize", _equalize), (ImageOps, "autocontrast", _autocontrast),
+                (ImageEnhance._Enhance, "enhance", _enhance)] + [
+    (cls, "__init__", _enhancer_init) for cls in _ENHANCERS]
+
+# what planning knows of transforms that were recorded (process-wide; each worker learns its own)
+PIXEL_READERS: Dict[type, str] = {}   # transform type: the call that needed pixels (it runs in the worker)
+CALL_WIDTHS: Dict[type, int] = {}     # transform type: recorded calls planned per sample (grows)

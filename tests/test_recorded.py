@@ -1,0 +1,245 @@
+"""Transforms without a translation, recorded on a recording image: every recorded Pillow call
+against Pillow on photographs, every pixel (the torch stage's kernel and the CPU replay); users'
+classes through real DataLoader workers on DALI's CPU backend, equal to plain for the same seeds;
+classes that read pixels, mutate the image, raise, or change its mode: exactly plain's result or
+exception, with the reason (class, call, file:line) in the report."""
+import random
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+import wrapt
+from helpers import image_folder, last_report, load_all
+from photos import photographs
+from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageOps
+
+from dali_autoproxy.backends.cpu_replay import CPU_KERNELS
+from dali_autoproxy.backends.torch_stage import TORCH_KERNELS
+from dali_autoproxy.backends.torch_stage.registry import Batch
+from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall
+from dali_autoproxy.plan.planning import build_plan
+from dali_autoproxy.plan.recording import PILLOW_HOOKS, PIXEL_READERS, NeedsPixels, RecordingImage, recording
+
+# each recorded call, as user code writes it on a PIL image
+USER_CALLS = {
+    "gaussian_blur": lambda img, r: img.filter(ImageFilter.GaussianBlur(radius=r * 3)),
+    "gaussian_blur_xy": lambda img, r: img.filter(ImageFilter.GaussianBlur((r * 2, r * 5))),
+    "box_blur": lambda img, r: img.filter(ImageFilter.BoxBlur(r * 4)),
+    "smooth": lambda img, r: img.filter(ImageFilter.SMOOTH),
+    "mirror": lambda img, r: ImageOps.mirror(img),
+    "flip": lambda img, r: ImageOps.flip(img),
+    "rotate_180": lambda img, r: img.transpose(Image.Transpose.ROTATE_180),
+    "grayscale_rgb": lambda img, r: ImageOps.grayscale(img).convert("RGB"),
+    "invert": lambda img, r: ImageOps.invert(img),
+    "solarize": lambda img, r: ImageOps.solarize(img, threshold=int(64 + 128 * r)),
+    "posterize": lambda img, r: ImageOps.posterize(img, 1 + int(6 * r)),
+    "point_lambda": lambda img, r: img.point(lambda x: 255 - x if x >= 100 else x),
+    "equalize": lambda img, r: ImageOps.equalize(img),
+    "autocontrast": lambda img, r: ImageOps.autocontrast(img),
+    "brightness": lambda img, r: ImageEnhance.Brightness(img).enhance(0.3 + 1.4 * r),
+    "contrast": lambda img, r: ImageEnhance.Contrast(img).enhance(0.3 + 1.4 * r),
+    "color": lambda img, r: ImageEnhance.Color(img).enhance(0.1 + 1.8 * r),
+    "sharpness": lambda img, r: ImageEnhance.Sharpness(img).enhance(2.0 * r),
+    "gray_then_sharpen": lambda img, r: ImageEnhance.Sharpness(img.convert("L")).enhance(1.5).convert("RGB"),
+}
+
+
+@pytest.fixture
+def pillow_hooks():
+    """The workers' hooks on Pillow's functions, in this process for the test only."""
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in PILLOW_HOOKS]
+    for owner, name, wrapper in PILLOW_HOOKS:
+        wrapt.wrap_function_wrapper(owner, name, wrapper)
+    yield
+    for owner, name, original in saved:
+        setattr(owner, name, original)
+
+
+def _record(fn, size, r):
+    recording.active += 1
+    try:
+        return fn(RecordingImage(size, "RGB"), r).calls
+    finally:
+        recording.active -= 1
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("name", sorted(USER_CALLS))
+@pytest.mark.parametrize("size", [(96, 64), (7, 5)], ids=["96x64", "7x5"])
+def test_every_recorded_call_equals_pillow_every_pixel(pillow_hooks, name, size, device):
+    """A batch of photograph crops, each with its own argument: the torch stage's kernel (on the
+    CPU, and on the GPU: the same torch ops) and the CPU replay give Pillow's own result on every
+    pixel, the border included."""
+    fn = USER_CALLS[name]
+    w, h = size
+    photos = [Image.fromarray(p) for p in photographs()]
+    crops = [photos[k % 4].crop((23 * k, 11 * k, 23 * k + w, 11 * k + h)) for k in range(8)]
+    draws = [k / 7 for k in range(8)]
+    if name == "smooth" and min(size) < 3:
+        with pytest.raises(NeedsPixels):  # Pillow's 3 x 3 filter on a tiny image: not recorded
+            _record(fn, size, 0.5)
+        return
+    recorded = [_record(fn, size, r) for r in draws]
+    width = max(len(c) for c in recorded)
+    assert width >= 1
+    ops = [PillowCall(3 * k) for k in range(width)]
+    rows = np.zeros((len(crops), 3 * width))
+    for i, calls in enumerate(recorded):
+        for k, (call, a, b) in enumerate(calls):
+            rows[i, 3 * k:3 * k + 3] = (CALL_CODE[call], a, b)
+    x = torch.stack([torch.from_numpy(np.array(c)).permute(2, 0, 1) for c in crops]).float().to(device)
+    batch = Batch(rows, torch.from_numpy(rows).to(device))
+    for op in ops:
+        x = TORCH_KERNELS[op](x, op, batch)
+    for i, crop in enumerate(crops):
+        want = np.asarray(fn(crop, draws[i]).convert("RGB"))
+        got = x[i].permute(1, 2, 0).to(torch.uint8).cpu().numpy()
+        assert np.array_equal(got, want), (i, int(np.abs(got.astype(int) - want).max()))
+        replayed = crop
+        for op in ops:
+            replayed = CPU_KERNELS[op](replayed, op, rows[i], False)
+        assert np.array_equal(np.asarray(replayed), want), i
+
+
+def test_calls_that_need_pixels_say_which_and_where(pillow_hooks):
+    def reads(img, r):
+        return np.asarray(img)  # this line is named
+    with pytest.raises(NeedsPixels) as info:
+        _record(reads, (8, 8), 0)
+    assert "test_recorded.py" in info.value.where and info.value.what == "Image.__array_interface__"
+    for fn in (lambda img: img.crop((0, 0, 4, 4)), lambda img: img.resize((4, 4)), lambda img: img.getpixel((0, 0)),
+               lambda img: img.point(lambda v: v // 2), lambda img: img.filter(ImageFilter.EDGE_ENHANCE),
+               lambda img: ImageDraw.Draw(img), lambda img: img.convert("HSV"), lambda img: img.tobytes(),
+               lambda img: Image.blend(img, img, 0.5), lambda img: ImageOps.equalize(img, mask=img)):
+        with pytest.raises(NeedsPixels):
+            _record(lambda img, r: fn(img), (8, 8), 0)
+    with pytest.raises(RuntimeError, match="used after the transform returned"):
+        RecordingImage((8, 8), "RGB").load()  # kept by the user's code, touched outside a recording
+
+
+# ----------------------------------------------------------------------------- users' classes
+class SelfSupervisedBlur:
+    """A recipe's own few-line class: a random-radius Gaussian blur, a solarize, a sharpen."""
+
+    def __init__(self, p=0.5):
+        self.p = p
+
+    def __call__(self, img):
+        if random.random() < self.p:
+            img = img.filter(ImageFilter.GaussianBlur(radius=random.uniform(0.1, 2.0)))
+        if random.random() < 0.3:
+            img = ImageOps.solarize(img)
+        if random.random() < 0.5:
+            img = ImageEnhance.Contrast(img).enhance(random.uniform(0.6, 1.4))
+        return img
+
+
+class ManyCalls:
+    """More calls than a recorded step plans at first (its plan grows)."""
+
+    def __call__(self, img):
+        for _ in range(random.randint(1, 5)):
+            img = ImageOps.mirror(img) if random.random() < 0.5 else img.filter(ImageFilter.BoxBlur(1))
+        return img
+
+
+class ReadsPixels:
+    def __call__(self, img):
+        if np.asarray(img).mean() > 300:  # never true: the pixels are only read
+            return ImageOps.invert(img)
+        return img.filter(ImageFilter.GaussianBlur(1.5))
+
+
+class PastesInPlace:
+    def __call__(self, img):
+        img = img.copy()
+        img.paste((255, 0, 0), (0, 0, 5, 5))
+        return img
+
+
+class Raises:
+    def __call__(self, img):
+        img = ImageOps.solarize(img)
+        raise ValueError("this augmentation refuses every image")
+
+
+class ReturnsGray:
+    def __call__(self, img):
+        return ImageOps.grayscale(img)
+
+
+def _chain(cls, size=48, normalize=True):
+    tail = [T.ToTensor(), T.Normalize([0.5] * 3, [0.25] * 3)] if normalize else [T.RandomVerticalFlip(),
+                                                                                  T.PILToTensor()]
+    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), cls()] + tail)
+
+
+def _runs(ds, **kw):
+    runs = []
+    for proxied in (False, True):
+        random.seed(3)
+        runs.append(load_all(ds, autoproxy=proxied, resize="pillow", **kw))
+    return runs
+
+
+def _assert_equal(ref, out):
+    assert len(ref) == len(out)
+    for (xa, ya), (xb, yb) in zip(ref, out):
+        assert xa.shape == xb.shape and torch.equal(xa, xb), float((xa - xb).abs().max())
+        assert torch.equal(ya, yb)
+
+
+@pytest.mark.parametrize("cls", [SelfSupervisedBlur, ManyCalls], ids=lambda c: c.__name__)
+def test_a_users_pillow_class_runs_on_dali_equal_to_plain(photo_root, cls):
+    ds = image_folder(photo_root, _chain(cls))
+    ref, out = _runs(ds)
+    _assert_equal(ref, out)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+    assert rep["worker_transforms"] == [] and rep["partial"] is None, rep
+
+
+@pytest.mark.parametrize("cls", [ReadsPixels, PastesInPlace, ReturnsGray], ids=lambda c: c.__name__)
+def test_a_class_that_needs_pixels_runs_in_the_worker_as_plain(photo_root, cls):
+    PIXEL_READERS.pop(cls, None)  # what the main process learnt in an earlier test
+    ds = image_folder(photo_root, _chain(cls, normalize=False))  # DALI's normalize: within 1 ulp
+    ref, out = _runs(ds)
+    _assert_equal(ref, out)
+    rep = last_report()
+    assert rep["proxied"], rep
+    if cls is ReturnsGray:  # an "L" image after it: the rest of the chain runs in the worker too
+        assert rep["decode"].startswith("worker 100%"), rep
+        return
+    assert cls.__name__ in rep["worker_transforms"] and cls.__name__ in rep["partial"], rep
+    if cls is ReadsPixels:
+        assert "(Image.__array_interface__) at" in rep["partial"] and "test_recorded.py:" in rep["partial"], rep
+
+
+def test_a_class_that_needs_pixels_at_the_end_of_its_chain_is_reported(photo_root):
+    """Nothing worth moving is left after it: the chain runs as written, the report says why."""
+    PIXEL_READERS.pop(ReadsPixels, None)
+    ds = image_folder(photo_root, T.Compose([T.RandomResizedCrop(48), ReadsPixels(), T.PILToTensor()]))
+    ref, out = _runs(ds)
+    _assert_equal(ref, out)
+    rep = last_report()
+    assert "worker 100% (a recorded transform needs pixels" in rep["decode"], rep
+    assert "ReadsPixels has no DALI translation; recorded, needs pixels (Image.__array_interface__) at" in rep["decode"]
+
+
+def test_a_class_that_raises_raises_as_plain(photo_root):
+    ds = image_folder(photo_root, _chain(Raises))
+    for proxied in (False, True):
+        with pytest.raises(ValueError, match="refuses every image"):
+            load_all(ds, autoproxy=proxied, resize="pillow")
+
+
+def test_recording_is_planned_only_on_rgb_pil_images():
+    chain = T.Compose([T.RandomResizedCrop(32), SelfSupervisedBlur(), T.PILToTensor()])
+    assert [type(op).__name__ for op in build_plan(chain).ops].count("PillowCall") == 2
+    after_tensor = T.Compose([T.RandomResizedCrop(32), T.PILToTensor(), SelfSupervisedBlur()])
+    plan = build_plan(T.Compose([T.RandomResizedCrop(32), T.PILToTensor(), T.ConvertImageDtype(torch.float)]))
+    assert plan.ops  # the same chain without the class translates
+    from dali_autoproxy.plan.ir import Unsupported
+    with pytest.raises(Unsupported, match="has no DALI translation"):
+        build_plan(after_tensor)
