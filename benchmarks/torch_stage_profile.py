@@ -1,18 +1,20 @@
 """Time of each op of the torch stage (a chain's tail after DALI's crop and resize) on one
 batch: where the heavy and trivialaugment pipelines' GPU time goes.
 
-    python benchmarks/torch_stage_profile.py --chain heavy trivialaugment --batch 128 --size 224
+    python benchmarks/torch_stage_profile.py --chain heavy trivialaugment ssl_pillow --batch 128 --size 224
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 
 import numpy as np
 import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
+from PIL import ImageFilter
 
 from dali_autoproxy.backends.torch_stage import TorchStage
 from dali_autoproxy.plan.ir import split_at_takeover as split
@@ -32,12 +34,22 @@ def main() -> None:
         profile(chain, a)
 
 
+class PillowRandomBlur:
+    """The self-supervised recipes' own blur (SwAV's, SimCLR's): recorded, Pillow's box passes."""
+
+    def __call__(self, img):
+        return img.filter(ImageFilter.GaussianBlur(radius=random.uniform(0.1, 2.0)))
+
+
 CHAINS = {
     "heavy": lambda size: [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
                            T.RandomGrayscale(0.2), T.GaussianBlur(9, (0.1, 2.0)), T.ToTensor(),
                            T.Normalize(MEAN, STD), T.RandomErasing()],
     "trivialaugment": lambda size: [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
                                     T.ToTensor(), T.Normalize(MEAN, STD)],
+    "ssl_pillow": lambda size: [T.RandomResizedCrop(size), T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], 0.8),
+                                T.RandomGrayscale(0.2), PillowRandomBlur(), T.RandomSolarize(128, 0.2),
+                                T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)],
     "randaug_v2": lambda size: [v2.ToImage(), v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(),
                                 v2.RandAugment(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)],
 }

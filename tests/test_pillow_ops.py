@@ -2,8 +2,10 @@
 (``ImageFilter.GaussianBlur`` / ``BoxBlur``) against Pillow on photographs, every pixel; the
 classes of lightly, MoCo and DINO recognised by their code; lightly's recipes, unchanged, through
 real DataLoader workers on DALI's CPU backend, equal to plain for the same seeds."""
+import json
 import os
 import random
+import subprocess
 import sys
 import textwrap
 
@@ -40,6 +42,51 @@ def test_pillow_blur_equals_pillow_every_pixel(gaussian, size, mode):
         want = np.asarray(crop.filter(pil)).reshape(h, w, -1)
         got = out[k].permute(1, 2, 0).to(torch.uint8).numpy()
         assert np.array_equal(got, want), (radius, int(np.abs(got.astype(int) - want).max()))
+
+
+def blur_differences(device: str) -> dict:
+    """The Triton box-pass kernel (called directly, as ``pillow_blur`` calls it where Triton runs)
+    against Pillow: a batch of photograph crops, each with its own radius, both blurs, RGB."""
+    from dali_autoproxy.backends.torch_stage import _triton_blur
+    from dali_autoproxy.backends.torch_stage.pillow_filters import _triton_pass, box_weights, gaussian_box_radius
+    photo = Image.fromarray(photographs()[2])
+    different, n = 0, 0
+    for gaussian in (True, False):
+        for h, w in ((37, 70), (5, 3)):
+            crops = [photo.crop((9 * k, 5 * k, 9 * k + w, 5 * k + h)) for k in range(len(RADII))]
+            x = torch.stack([torch.from_numpy(np.array(c)).permute(2, 0, 1) for c in crops]).float().to(device)
+            rx, ry = np.array(RADII, dtype=np.float32), np.array(RADII[::-1], dtype=np.float32)
+            passes = 3 if gaussian else 1
+            if gaussian:
+                rx, ry = gaussian_box_radius(rx, passes), gaussian_box_radius(ry, passes)
+            for radius, along in ((rx, 3), (ry, 2)):
+                for _ in range(passes):
+                    x = _triton_pass(_triton_blur.box_pass_axis, x, box_weights(radius), along)
+            for k, crop in enumerate(crops):
+                radius = (float(RADII[k]), float(RADII[::-1][k]))
+                pil = ImageFilter.GaussianBlur(radius) if gaussian else ImageFilter.BoxBlur(radius)
+                want = np.asarray(crop.filter(pil))
+                got = x[k].permute(1, 2, 0).to(torch.uint8).cpu().numpy()
+                different += int(not np.array_equal(got, want))
+                n += 1
+    return {"samples": n, "different_from_pillow": different}
+
+
+def test_triton_blur_kernel_in_tritons_interpreter_equals_pillow():
+    triton = pytest.importorskip("triton")
+    if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 8):
+        pytest.skip("Triton's interpreter before 3.8 cannot take a runtime loop bound under NumPy 2")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(here))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "cpu"], capture_output=True, text=True,
+                         timeout=600, env=env, cwd=here)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"samples": 44, "different_from_pillow": 0}
+
+
+@pytest.mark.gpu
+def test_triton_blur_kernel_on_the_gpu_equals_pillow():
+    assert blur_differences("cuda") == {"samples": 44, "different_from_pillow": 0}
 
 
 def _lightly():
@@ -283,3 +330,7 @@ def test_swav_multicrop_dataset_unchanged(photo_root):
     _equal_nested(ref, out)
     rep = last_report()
     assert rep["proxied"] and rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
+
+
+if __name__ == "__main__":  # the interpreter test's subprocess
+    print(json.dumps(blur_differences(sys.argv[1])))

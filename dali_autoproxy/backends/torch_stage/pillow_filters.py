@@ -51,13 +51,53 @@ def box_pass(x: torch.Tensor, whole: np.ndarray, ww: np.ndarray, fw: np.ndarray)
     return (acc * ww_t + far * fw_t + (1 << 23)) >> 24
 
 
+def _triton_pass(kernel, x: torch.Tensor, weights, along: int) -> torch.Tensor:
+    """One box pass along axis ``along`` (3: along rows, 2: along columns) of float32 x [B, C, H, W]."""
+    b, c = x.shape[0], x.shape[1]
+    n, n_across = x.shape[along], x.shape[5 - along]
+    whole, ww, fw = (upload(np.ascontiguousarray(v, dtype=t), x.device)
+                     for v, t in zip(weights, (np.int32, np.int64, np.int64)))
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    s, d = x.stride(), out.stride()
+    grid = (b * c, (n + 31) // 32, (n_across + 31) // 32)
+    kernel[grid](x, out, whole, ww, fw, n, n_across, c, s[0], s[1], s[along], s[5 - along],
+                 d[0], d[1], d[along], d[5 - along], BLOCK_O=32, BLOCK_A=32, num_warps=4)
+    return out
+
+
+def _triton_kernel(x: torch.Tensor):
+    """The Triton box-pass kernel where the fused kernels run (CUDA, Triton, not switched off)."""
+    from dali_autoproxy.backends.torch_stage import fused_color
+    if _FORCE_TORCH_OPS or not fused_color.usable(x):
+        return None
+    from dali_autoproxy.backends.torch_stage import _triton_blur
+    return _triton_blur.box_pass_axis
+
+
+_FORCE_TORCH_OPS = False  # tests: the int64 torch ops even where Triton runs
+
+
 def pillow_blur(x: torch.Tensor, x_radius: np.ndarray, y_radius: np.ndarray, passes: int,
                 gaussian: bool) -> torch.Tensor:
-    """[B, C, H, W] whole numbers -> the same, blurred as Pillow blurs each sample."""
+    """[B, C, H, W] whole numbers -> the same, blurred as Pillow blurs each sample: one Triton
+    kernel per pass where Triton runs (the window summed from cache: each pass reads and writes
+    the batch once), else int64 torch ops (prefix sums and gathers)."""
     rx = np.asarray(x_radius, dtype=np.float32)
     ry = np.asarray(y_radius, dtype=np.float32)
     if gaussian:
         rx, ry = gaussian_box_radius(rx, passes), gaussian_box_radius(ry, passes)
+    kernel = _triton_kernel(x)
+    if kernel is not None:
+        try:
+            out = x.to(torch.float32)
+            for radius, along in ((rx, 3), (ry, 2)):
+                weights = box_weights(radius)
+                for _ in range(passes):
+                    out = _triton_pass(kernel, out, weights, along)
+            return out.to(x.dtype)
+        except Exception as e:  # noqa: BLE001 - a build or launch failure must not stop training
+            from dali_autoproxy.backends.torch_stage import fused_color
+            fused_color.disable(f"the Triton blur kernel failed ({type(e).__name__}: {e})")
     out = x.to(torch.int64)
     weights = box_weights(rx)
     for _ in range(passes):
