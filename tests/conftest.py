@@ -58,3 +58,17 @@ def _disabled_after():
     yield
     import dali_autoproxy
     dali_autoproxy.disable()
+
+
+@pytest.fixture
+def pillow_hooks():
+    """The workers' hooks on Pillow's functions, in this process for the test only."""
+    import wrapt
+
+    from dali_autoproxy.plan.recording import PILLOW_HOOKS
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in PILLOW_HOOKS]
+    for owner, name, wrapper in PILLOW_HOOKS:
+        wrapt.wrap_function_wrapper(owner, name, wrapper)
+    yield
+    for owner, name, original in saved:
+        setattr(owner, name, original)

@@ -92,7 +92,7 @@ def test_catalogue_covers_every_module_level_image_transform():
 
 
 @pytest.mark.parametrize("case,api", [p for p in PARAMS if p.values[0].expect != "worker"])
-def test_cpu_replay_of_the_plan_equals_torchvision(photo_root, case, api):
+def test_cpu_replay_of_the_plan_equals_torchvision(photo_root, case, api, pillow_hooks):
     """When DALI fails on a batch, its samples are recomputed by cpu_replay.run_plan from the
     params the worker drew. That replay must be torchvision's own result (for every offloaded
     case, exact, also where DALI's resampling is only bounded), else a DALI hiccup would

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms as T
-import wrapt
+import torchvision.transforms.functional as TF
+import torchvision.transforms.v2.functional as F2
 from helpers import image_folder, last_report, load_all
 from photos import photographs
 from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageOps
@@ -19,7 +20,7 @@ from dali_autoproxy.backends.torch_stage import TORCH_KERNELS
 from dali_autoproxy.backends.torch_stage.registry import Batch
 from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall
 from dali_autoproxy.plan.planning import build_plan
-from dali_autoproxy.plan.recording import PILLOW_HOOKS, PIXEL_READERS, NeedsPixels, RecordingImage, recording
+from dali_autoproxy.plan.recording import PIXEL_READERS, NeedsPixels, RecordingImage, recording
 
 # each recorded call, as user code writes it on a PIL image
 USER_CALLS = {
@@ -42,18 +43,15 @@ USER_CALLS = {
     "color": lambda img, r: ImageEnhance.Color(img).enhance(0.1 + 1.8 * r),
     "sharpness": lambda img, r: ImageEnhance.Sharpness(img).enhance(2.0 * r),
     "gray_then_sharpen": lambda img, r: ImageEnhance.Sharpness(img.convert("L")).enhance(1.5).convert("RGB"),
+    # torchvision's functional API on PIL images, as a user's class writes it
+    "tf_colour": lambda img, r: TF.adjust_saturation(TF.adjust_contrast(TF.adjust_brightness(
+        img, 0.5 + r), 1.5 - r), 0.2 + r),
+    "tf_hue": lambda img, r: TF.adjust_hue(img, r - 0.5),
+    "tf_gray3": lambda img, r: TF.rgb_to_grayscale(img, 3),
+    "tf_flips_sharpness": lambda img, r: TF.adjust_sharpness(TF.vflip(TF.hflip(img)), 2.0 * r),
+    "tf_policy_ops": lambda img, r: TF.equalize(TF.autocontrast(TF.posterize(TF.solarize(img, 200 * r), 4))),
+    "v2_functional": lambda img, r: F2.invert(F2.adjust_saturation(F2.horizontal_flip(img), 0.25 + r)),
 }
-
-
-@pytest.fixture
-def pillow_hooks():
-    """The workers' hooks on Pillow's functions, in this process for the test only."""
-    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in PILLOW_HOOKS]
-    for owner, name, wrapper in PILLOW_HOOKS:
-        wrapt.wrap_function_wrapper(owner, name, wrapper)
-    yield
-    for owner, name, original in saved:
-        setattr(owner, name, original)
 
 
 def _record(fn, size, r):

@@ -133,10 +133,8 @@ def _color_jitter(img, op: ColorJitter, row, v2_step):
             continue
         if which < 3:
             img = adjust[which](img, op.value(row, factors[which]))
-        else:  # a factor that gives the same 8-bit shift: int(factor * 255) == k
-            shift = int(op.value(row, "hue"))
-            k = shift - 256 if shift > 127 else shift
-            img = F.adjust_hue(img, (k + (0.5 if k >= 0 else -0.5)) / 255)
+        else:
+            img = F.adjust_hue(img, _hue_factor(int(op.value(row, "hue"))))
     return img
 
 
@@ -250,7 +248,14 @@ _PILLOW_CALLS = {  # what the user's code called, called again with the same arg
     "contrast": lambda img, a, b: ImageEnhance.Contrast(img).enhance(a),
     "color": lambda img, a, b: ImageEnhance.Color(img).enhance(a),
     "sharpness": lambda img, a, b: ImageEnhance.Sharpness(img).enhance(a),
+    "hue": lambda img, a, b: F.adjust_hue(img, _hue_factor(int(a))),
 }
+
+
+def _hue_factor(shift: int) -> float:
+    """A hue factor whose 8-bit shift, as torchvision computes it (int(factor * 255)), is ``shift``."""
+    k = shift - 256 if shift > 127 else shift
+    return (k + (0.5 if k >= 0 else -0.5)) / 255
 
 
 @CPU_KERNELS.register(PillowCall)

@@ -45,6 +45,7 @@ PILLOW_CALLS = (
     "contrast",        # ImageEnhance.Contrast(img).enhance(a)
     "color",           # ImageEnhance.Color(img).enhance(a)
     "sharpness",       # ImageEnhance.Sharpness(img).enhance(a)
+    "hue",             # torchvision's adjust_hue on PIL: a = the 8-bit shift of Pillow's HSV hue
 )
 CALL_CODE = {name: code for code, name in enumerate(PILLOW_CALLS)}
 

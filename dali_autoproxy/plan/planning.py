@@ -213,6 +213,17 @@ def _translate(transforms: List[Any], exact_resize: bool = True, ends_as_pil: bo
     steps = [_convert(t, state, alloc, counter) for t in transforms]
     if not steps:
         raise Unsupported("the transform chain is empty")
+    try:
+        return _checked(steps, state, counter[0], transforms, ends_as_pil)
+    except Unsupported:
+        recorded = next((s.note for s in steps if s.note), None)
+        if recorded is None:
+            raise
+        raise Unsupported(recorded) from None  # what its converter said, as without recording
+
+
+def _checked(steps: List[Step], state: ChainState, n_params: int, transforms: List[Any], ends_as_pil: bool) -> Plan:
+    """The plan of these steps, where DALI and the torch stage can run them in this order."""
     dali_part, _ = split_at_takeover([op for s in steps for op in s.ops])
     stuck = [op for op in dali_part if op.placement is Placement.TORCH]
     if stuck:
@@ -222,12 +233,12 @@ def _translate(transforms: List[Any], exact_resize: bool = True, ends_as_pil: bo
     if ends_as_pil:
         if state.kind != "pil":
             raise Unsupported("the chain does not end in a PIL image")
-        return Plan(steps, state, counter[0], [transform_name(t) for t in transforms])
+        return Plan(steps, state, n_params, [transform_name(t) for t in transforms])
     if state.kind != "tensor":
         raise Unsupported(ENDS_AS_PIL)
     if not any(type(op) is ToCHW for s in steps for op in s.ops):  # pragma: no cover
         raise Unsupported("the chain never converts to a tensor")
-    return Plan(steps, state, counter[0], [transform_name(t) for t in transforms])
+    return Plan(steps, state, n_params, [transform_name(t) for t in transforms])
 
 
 def _convert(t: Any, state: ChainState, alloc, counter: List[int]) -> Step:

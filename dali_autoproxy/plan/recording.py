@@ -7,8 +7,11 @@ drawer (``translate/recorded.py``) calls it with a :class:`RecordingImage`: a re
 The Pillow calls that have a kernel (``pillow_ops.PILLOW_CALLS``) return a new recording image
 with the call appended, holding the arguments the user's code passed; the user's own random
 draws run as written, on the same generators, so they are plain's. Pillow's module functions
-that read pixels to decide (``ImageOps.equalize`` and ``autocontrast``, ``ImageEnhance``) are
-recorded through the hooks in ``PILLOW_HOOKS``, which the workers install.
+that read pixels to decide (``ImageOps.equalize`` and ``autocontrast``, ``ImageEnhance``) and
+torchvision's PIL functions that go through NumPy (3-channel grayscale, hue) are recorded
+through the hooks in ``PILLOW_HOOKS``, which the workers install; torchvision's other functional
+calls on PIL images (flips, brightness, contrast, saturation, sharpness, solarize, posterize,
+invert, autocontrast, equalize) reach the recorded Pillow calls by themselves.
 
 Anything that needs the pixels (``load()``, ``im``, ``np.asarray``, ``tobytes``, ``getpixel``,
 ``crop``, ``resize``, ``paste``, an unknown method...) raises :class:`NeedsPixels`: the worker
@@ -22,6 +25,8 @@ import sys
 import threading
 from typing import Any, Dict, Optional, Tuple
 
+import numpy as np
+import torchvision.transforms._functional_pil as F_pil
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 Call = Tuple[str, float, float]  # (PILLOW_CALLS name, a, b)
@@ -53,14 +58,17 @@ _LIBRARIES = ("numpy", "torchvision", "torch")
 
 
 def _user_frame() -> Optional[str]:
-    """``file:line`` of the innermost caller outside Pillow, autoproxy, NumPy and torchvision
-    (where the user's code asked for pixels), else of the innermost outside Pillow."""
+    """``file:line`` of the innermost caller outside Pillow, NumPy, torch and torchvision
+    between here and the drawer that called the transform (where the user's code asked for
+    pixels), else of the innermost outside Pillow (a torchvision transform's own line)."""
     frame = sys._getframe(2)
     fallback = None
     while frame is not None:
         path = frame.f_code.co_filename
-        if not path.startswith(_OURS):
-            where = f"{path}:{frame.f_lineno}"
+        if path.startswith(_OURS[1]) and path != __file__:
+            break  # the drawer: what is further out is not the transform's code
+        if not path.startswith(_OURS[0]) and path != __file__:
+            where = f"{path.split('site-packages' + os.sep)[-1]}:{frame.f_lineno}"  # a library by its module path
             fallback = fallback or where
             if not any(f"{os.sep}{lib}{os.sep}" in path for lib in _LIBRARIES):
                 return where
@@ -69,10 +77,12 @@ def _user_frame() -> Optional[str]:
 
 
 def _pil_caller() -> str:
-    """The outermost Pillow method on the stack (what the user called), e.g. ``crop``."""
+    """The outermost Pillow method on the stack (what the user called), e.g. ``crop``; the
+    recording image's own methods count as Pillow's."""
     frame, name = sys._getframe(2), "load"
     while frame is not None:
-        if frame.f_code.co_filename.startswith(_OURS[0]):
+        path = frame.f_code.co_filename
+        if path.startswith(_OURS[0]) or path == __file__:
             name = frame.f_code.co_name
         frame = frame.f_back
     return name
@@ -231,9 +241,30 @@ def _enhance(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return wrapped(*args, **kwargs)
 
 
+def _to_grayscale(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """torchvision's PIL grayscale with 3 output channels (luma through NumPy, stacked)."""
+    image = args[0] if args else kwargs.get("img")
+    channels = args[1] if len(args) > 1 else kwargs.get("num_output_channels")
+    if _is_recording(image) and image.mode == "RGB" and channels == 3:
+        return image.then("grayscale")
+    return wrapped(*args, **kwargs)
+
+
+def _adjust_hue(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """torchvision's PIL adjust_hue (Pillow's HSV, the hue shifted in NumPy's uint8)."""
+    image = args[0] if args else kwargs.get("img")
+    factor = args[1] if len(args) > 1 else kwargs.get("hue_factor")
+    if _is_recording(image) and isinstance(factor, (int, float)) and -0.5 <= factor <= 0.5:
+        if image.mode != "RGB":
+            return image  # as torchvision returns an "L" image
+        return image.then("hue", int(np.int32(factor * 255).astype(np.uint8)))
+    return wrapped(*args, **kwargs)
+
+
 # (owner, attribute, wrapt wrapper): installed in a proxied loader's workers (worker/install.py)
 PILLOW_HOOKS = [(ImageOps, "equalize", _equalize), (ImageOps, "autocontrast", _autocontrast),
-                (ImageEnhance._Enhance, "enhance", _enhance)] + [
+                (ImageEnhance._Enhance, "enhance", _enhance),
+                (F_pil, "to_grayscale", _to_grayscale), (F_pil, "adjust_hue", _adjust_hue)] + [
     (cls, "__init__", _enhancer_init) for cls in _ENHANCERS]
 
 # what planning knows of transforms that were recorded (process-wide; each worker learns its own)

@@ -64,8 +64,9 @@ Drawer = Callable[[SampleGeometry], None]
 class Step:
     """One transform, translated: its name, its ops and its per-sample drawer. ``neutral``:
     the params row that makes its ops leave the image unchanged, where one exists (what lets
-    RandomApply skip it per sample)."""
+    RandomApply skip it per sample). ``note``: set on a recorded step (why it has no translation)."""
     name: str
     ops: List[Op] = field(default_factory=list)
     draw: Optional[Drawer] = None
     neutral: Optional[List[float]] = None
+    note: Optional[str] = None  # a recorded step: why it has no translation

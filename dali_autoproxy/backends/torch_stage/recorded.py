@@ -9,7 +9,7 @@ from typing import Callable, Dict
 import numpy as np
 import torch
 
-from dali_autoproxy.backends.torch_stage.color import autocontrast, blend, blend_step, equalize, luma
+from dali_autoproxy.backends.torch_stage.color import autocontrast, blend, blend_step, equalize, luma, shift_hue
 from dali_autoproxy.backends.torch_stage.filters import smooth
 from dali_autoproxy.backends.torch_stage.pillow_filters import pillow_blur
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
@@ -56,6 +56,7 @@ CALLS: Dict[str, Call] = {
     "contrast": _blend(1),
     "color": _blend(2),
     "sharpness": lambda x, a, b: blend(smooth(x), x, _per_sample(a, x)),
+    "hue": lambda x, a, b: shift_hue(x, upload(np.asarray(a, dtype=np.int32), x.device)),
 }
 
 

@@ -67,4 +67,4 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
                 g.put(op, CALL_CODE[call], a, b)
             else:
                 g.put(op, *none)
-    return Step(name, ops, draw, neutral=list(none) * width)
+    return Step(name, ops, draw, neutral=list(none) * width, note=refused or f"{name} has no DALI translation")
