@@ -81,3 +81,23 @@ def falls_back_identically(ds, reason_part: str, **kw) -> dict:
         for u, v in zip(a, b):
             assert torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v
     return rep
+
+
+def in_tritons_interpreter(test_file: str) -> dict:
+    """Run ``test_file`` as a script (its ``__main__`` prints one JSON line) in Triton's
+    interpreter on the CPU, in a subprocess so that no other test sees an interpreted kernel."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+    triton = pytest.importorskip("triton")
+    if tuple(int(p) for p in triton.__version__.split(".")[:2] if p.isdigit()) < (3, 8):
+        pytest.skip("Triton's interpreter before 3.8 cannot take a runtime loop bound under NumPy 2")
+    here = os.path.dirname(os.path.abspath(test_file))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(here))
+    out = subprocess.run([sys.executable, os.path.abspath(test_file), "cpu"], capture_output=True, text=True,
+                         timeout=600, env=env, cwd=here)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -5,14 +5,13 @@ real DataLoader workers on DALI's CPU backend, equal to plain for the same seeds
 import json
 import os
 import random
-import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
 import torch
-from helpers import image_folder, last_report, load_all, recording_off
+from helpers import image_folder, in_tritons_interpreter, last_report, load_all, recording_off
 from photos import photographs
 from PIL import Image, ImageFilter
 
@@ -73,15 +72,7 @@ def blur_differences(device: str) -> dict:
 
 
 def test_triton_blur_kernel_in_tritons_interpreter_equals_pillow():
-    triton = pytest.importorskip("triton")
-    if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 8):
-        pytest.skip("Triton's interpreter before 3.8 cannot take a runtime loop bound under NumPy 2")
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(here))
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "cpu"], capture_output=True, text=True,
-                         timeout=600, env=env, cwd=here)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"samples": 44, "different_from_pillow": 0}
+    assert in_tritons_interpreter(__file__) == {"samples": 44, "different_from_pillow": 0}
 
 
 @pytest.mark.gpu

@@ -4,7 +4,6 @@ Triton's interpreter on the CPU; compiled on the GPU), and the issue's four load
 on DALI's CPU backend."""
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -13,7 +12,7 @@ import torch
 import torchvision
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
-from helpers import last_report, load_all
+from helpers import in_tritons_interpreter, last_report, load_all
 from photos import make_photo_folder, photographs
 from PIL import Image
 
@@ -86,19 +85,8 @@ def _triton_resize(x, ins, outs, kinds):
 DEVICE = "cpu"
 
 
-def _version(text: str):
-    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
-
-
 def test_triton_kernel_in_tritons_interpreter_equals_pillow():
-    triton = pytest.importorskip("triton")
-    if _version(triton.__version__) < (3, 8):
-        pytest.skip("Triton's interpreter before 3.8 cannot take a runtime loop bound under NumPy 2")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(HERE))
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "cpu"], capture_output=True, text=True,
-                         timeout=600, env=env, cwd=HERE)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"samples": 24, "different_from_pillow": 0}
+    assert in_tritons_interpreter(__file__) == {"samples": 24, "different_from_pillow": 0}
 
 
 @pytest.mark.gpu

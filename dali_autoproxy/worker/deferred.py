@@ -91,7 +91,30 @@ def dali_decodable(data: bytes) -> Optional[Tuple[str, int, int]]:
     return mode, width, height
 
 
-class DeferredJpeg(Image.Image):
+class LazyPixels(Image.Image):
+    """A PIL image whose pixels are made on first need: Pillow's methods reach them through
+    ``load()`` or ``im``, and both call ``_make_pixels()`` first (which sets ``_im``)."""
+
+    def _make_pixels(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def im(self) -> Any:
+        if self._im is None:
+            self._make_pixels()
+        return Image.Image.im.fget(self)
+
+    @im.setter
+    def im(self, value: Any) -> None:
+        self._im = value
+
+    def load(self) -> Any:
+        if self._im is None:
+            self._make_pixels()
+        return super().load()
+
+
+class DeferredJpeg(LazyPixels):
     """An RGB image whose pixels are still the JPEG bytes ``data``. Pillow's methods reach the
     pixels through ``load()`` or ``im``; both decode first, as ``Image.open(data).convert("RGB")``."""
 
@@ -109,24 +132,9 @@ class DeferredJpeg(Image.Image):
         """True until something has needed the pixels."""
         return self._im is None
 
-    def _decode(self) -> None:
+    def _make_pixels(self) -> None:
         with Image.open(io.BytesIO(self.data)) as src:
             self._im = Image.Image.convert(src, "RGB").im  # Pillow's own convert, never deferred
-
-    @property
-    def im(self) -> Any:
-        if self._im is None:
-            self._decode()
-        return Image.Image.im.fget(self)
-
-    @im.setter
-    def im(self, value: Any) -> None:
-        self._im = value
-
-    def load(self) -> Any:
-        if self._im is None:
-            self._decode()
-        return super().load()
 
     def copy(self) -> Image.Image:
         if self._im is None:

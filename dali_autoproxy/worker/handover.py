@@ -18,15 +18,13 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
 
-from PIL import Image
-
 from dali_autoproxy.plan.planning import Plan
 from dali_autoproxy.worker.collate import rng_states, set_rng_states
-from dali_autoproxy.worker.deferred import encoded_jpeg
+from dali_autoproxy.worker.deferred import LazyPixels, encoded_jpeg
 from dali_autoproxy.worker.routing import local
 
 
-class HandedImage(Image.Image):
+class HandedImage(LazyPixels):
     """A head chain's result before its pixels exist: its size and mode as the head's draws
     make them; its pixels, on demand, plain's."""
 
@@ -43,7 +41,7 @@ class HandedImage(Image.Image):
         """True until something has needed the pixels."""
         return self._im is None
 
-    def _materialise(self) -> None:
+    def _make_pixels(self) -> None:
         now = rng_states()
         set_rng_states(self.rng)
         local.depth += 1  # the head runs as written: the chain calls inside it are not taken
@@ -55,21 +53,6 @@ class HandedImage(Image.Image):
         real.load()
         self._im, self._mode, self._size = real.im, real.mode, real.size
         self.info = dict(real.info)
-
-    @property
-    def im(self) -> Any:
-        if self._im is None:
-            self._materialise()
-        return Image.Image.im.fget(self)
-
-    @im.setter
-    def im(self, value: Any) -> None:
-        self._im = value
-
-    def load(self) -> Any:
-        if self._im is None:
-            self._materialise()
-        return super().load()
 
 
 class HeadNode:
