@@ -241,3 +241,21 @@ def test_recording_is_planned_only_on_rgb_pil_images():
     from dali_autoproxy.plan.ir import Unsupported
     with pytest.raises(Unsupported, match="has no DALI translation"):
         build_plan(after_tensor)
+
+
+@pytest.mark.parametrize("how", ["num_workers=0", "spawn"])
+def test_recorded_and_replanned_in_the_main_process_and_in_spawned_workers(photo_root, how):
+    """The same outcomes where the chain runs in the main process (no workers) and in spawned
+    workers (which start from the defaults and get the patches and settings from the installer)."""
+    kw = {"num_workers": 0} if how == "num_workers=0" else {"multiprocessing_context": "spawn"}
+    for cls in (SelfSupervisedBlur, ReadsPixels):
+        PIXEL_READERS.pop(cls, None)
+        ds = image_folder(photo_root, _chain(cls, normalize=False))
+        ref, out = _runs(ds, **kw)
+        _assert_equal(ref, out)
+        rep = last_report()
+        assert rep["proxied"], rep
+        if cls is SelfSupervisedBlur:
+            assert rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
+        else:
+            assert "ReadsPixels" in rep["worker_transforms"], rep
