@@ -42,7 +42,7 @@ from dali_autoproxy.plan.ir import (
     jitter_order,
 )
 from dali_autoproxy.plan.kernel_table import KernelTable
-from dali_autoproxy.plan.pillow_ops import PILLOW_CALLS, PillowBlur, PillowCall
+from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS, PILLOW_CALLS, PillowBlur, PillowCall
 from dali_autoproxy.plan.planning import Plan
 from dali_autoproxy.plan.tv_internals import tensor_policy_operation
 
@@ -235,7 +235,7 @@ def _pillow_blur(img, op: PillowBlur, row, v2_step):  # what the user's class as
 _PILLOW_CALLS = {  # what the user's code called, called again with the same arguments
     "gaussian_blur": lambda img, a, b: img.filter(ImageFilter.GaussianBlur((a, b))),
     "box_blur": lambda img, a, b: img.filter(ImageFilter.BoxBlur((a, b))),
-    "smooth": lambda img, a, b: img.filter(ImageFilter.SMOOTH),
+    "kernel": lambda img, a, b: img.filter(getattr(ImageFilter, BUILTIN_KERNELS[int(a)])),
     "hflip": lambda img, a, b: img.transpose(Image.Transpose.FLIP_LEFT_RIGHT),
     "vflip": lambda img, a, b: img.transpose(Image.Transpose.FLIP_TOP_BOTTOM),
     "grayscale": lambda img, a, b: img.convert("L").convert(img.mode),  # the luma in every channel

@@ -32,7 +32,7 @@ PILLOW_CALLS = (
     "none",            # no call at this position
     "gaussian_blur",   # filter(GaussianBlur): a, b = x, y radius
     "box_blur",        # filter(BoxBlur): a, b = x, y radius
-    "smooth",          # filter(SMOOTH): Pillow's 3 x 3 kernel, the border copied
+    "kernel",          # filter(BLUR, DETAIL, SHARPEN, SMOOTH, ...): a = the filter's index in BUILTIN_KERNELS
     "hflip",           # transpose(FLIP_LEFT_RIGHT), ImageOps.mirror
     "vflip",           # transpose(FLIP_TOP_BOTTOM), ImageOps.flip
     "grayscale",       # convert("L"): Pillow's luma, kept in every channel
@@ -48,6 +48,9 @@ PILLOW_CALLS = (
     "hue",             # torchvision's adjust_hue on PIL: a = the 8-bit shift of Pillow's HSV hue
 )
 CALL_CODE = {name: code for code, name in enumerate(PILLOW_CALLS)}
+# Pillow's fixed convolutions (ImageFilter's BuiltinFilter classes), by name
+BUILTIN_KERNELS = ("BLUR", "CONTOUR", "DETAIL", "EDGE_ENHANCE", "EDGE_ENHANCE_MORE", "EMBOSS", "FIND_EDGES",
+                   "SHARPEN", "SMOOTH", "SMOOTH_MORE")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ import numpy as np
 import torchvision.transforms._functional_pil as F_pil
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
+from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS
+
 Call = Tuple[str, float, float]  # (PILLOW_CALLS name, a, b)
 
 MAX_CALLS = 16  # calls one transform may record per sample; more: it runs in the worker
@@ -142,10 +144,8 @@ class RecordingImage(Image.Image):
         if isinstance(filter, type):  # Pillow instantiates a filter class (``img.filter(SMOOTH)``)
             filter = filter()
         kind = type(filter)
-        if kind is ImageFilter.SMOOTH:
-            if min(self._size) < 3:
-                raise _needs_pixels()
-            return self.then("smooth")
+        if kind.__name__ in BUILTIN_KERNELS and kind is getattr(ImageFilter, kind.__name__):
+            return self.then("kernel", BUILTIN_KERNELS.index(kind.__name__))
         if kind not in (ImageFilter.GaussianBlur, ImageFilter.BoxBlur):
             raise _needs_pixels()
         radius = filter.radius

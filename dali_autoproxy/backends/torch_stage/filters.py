@@ -1,7 +1,8 @@
-"""Filters: torchvision's Gaussian blur (its 2-D kernel, a sigma per sample) and Pillow's
-SMOOTH filter (for RandomAdjustSharpness)."""
+"""Filters: torchvision's Gaussian blur (its 2-D kernel, a sigma per sample), Pillow's SMOOTH
+filter (for RandomAdjustSharpness) and Pillow's 3 x 3 and 5 x 5 kernels (recorded ``filter`` calls)."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as nnf
 
@@ -41,6 +42,30 @@ def smooth(x: torch.Tensor) -> torch.Tensor:
     inner = torch.where(ss <= 0, 0.0, torch.where(ss >= 255, 255.0, torch.floor(ss + 0.5)))
     out = x.clone()
     out[:, :, 1:-1, 1:-1] = inner
+    return out
+
+
+def pillow_kernel(x: torch.Tensor, size: int, weights, offset: float) -> torch.Tensor:
+    """Pillow's 3 x 3 and 5 x 5 convolutions (``ImagingFilter3x3/5x5``, every ``BuiltinFilter``):
+    ``weights`` the kernel already divided by its scale in float32, row 0 applied to the line
+    below (Pillow flips the kernel); per pixel a float32 sum started at ``offset + 0.5``, each
+    row's products summed left to right, then clamped and truncated; the border of ``size // 2``
+    pixels copied. An image smaller than the kernel is returned as it is."""
+    b, c, h, w = x.shape
+    r = size // 2
+    if h < size or w < size:
+        return x
+    k = [float(v) for v in np.asarray(weights, dtype=np.float32)]
+    ss = torch.full((b, c, h - 2 * r, w - 2 * r), float(np.float32(offset) + np.float32(0.5)),
+                    dtype=torch.float32, device=x.device)
+    for j in range(size):
+        line = x[:, :, 2 * r - j:h - j, :]  # row y + r - j of each output row y
+        term = line[..., 0:w - 2 * r] * k[j * size]
+        for i in range(1, size):
+            term = term + line[..., i:w - 2 * r + i] * k[j * size + i]
+        ss = ss + term
+    out = x.clone()
+    out[:, :, r:h - r, r:w - r] = torch.trunc(ss.clamp(0.0, 255.0))
     return out
 
 

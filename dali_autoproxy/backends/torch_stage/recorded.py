@@ -1,19 +1,21 @@
 """The Pillow calls recorded from transforms without a translation (``PillowCall``): each call's
 samples gathered and computed together with Pillow's arithmetic (the kernels of the sibling
-modules: Pillow's box blur, its SMOOTH filter, luma, blends, look-up tables, equalize,
-autocontrast), written back in place. A position where no sample made a call costs nothing."""
+modules: Pillow's box blur, its fixed 3 x 3 and 5 x 5 convolutions, luma, blends, look-up
+tables, equalize, autocontrast), written back in place. A position where no sample made a call
+costs nothing."""
 from __future__ import annotations
 
 from typing import Callable, Dict
 
 import numpy as np
 import torch
+from PIL import ImageFilter
 
 from dali_autoproxy.backends.torch_stage.color import autocontrast, blend, blend_step, equalize, luma, shift_hue
-from dali_autoproxy.backends.torch_stage.filters import smooth
+from dali_autoproxy.backends.torch_stage.filters import pillow_kernel, smooth
 from dali_autoproxy.backends.torch_stage.pillow_filters import pillow_blur
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
-from dali_autoproxy.plan.pillow_ops import PILLOW_CALLS, PillowCall
+from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS, PILLOW_CALLS, PillowCall
 
 Call = Callable[[torch.Tensor, np.ndarray, np.ndarray], torch.Tensor]  # (samples, a, b) -> samples
 
@@ -35,6 +37,17 @@ def _blend(which: int) -> Call:
     return run
 
 
+def _builtin_kernel(x: torch.Tensor, a) -> torch.Tensor:
+    """One of Pillow's fixed convolutions; the samples of one call position may differ in which."""
+    which = np.asarray(a, dtype=np.int64)
+    for k in np.unique(which):
+        size, scale, offset, weights = getattr(ImageFilter, BUILTIN_KERNELS[k]).filterargs
+        rows = np.flatnonzero(which == k)
+        scaled = np.asarray(weights, dtype=np.float32) / np.float32(scale)  # as Pillow divides, in float32
+        x = update_rows(x, rows, lambda sub, _: pillow_kernel(sub, size[0], scaled, offset))
+    return x
+
+
 def _posterize(x: torch.Tensor, a, b) -> torch.Tensor:
     masks = upload(np.asarray(a, dtype=np.int64), x.device).view(-1, 1, 1, 1)
     return (x.to(torch.int64) & masks).to(x.dtype)
@@ -43,7 +56,7 @@ def _posterize(x: torch.Tensor, a, b) -> torch.Tensor:
 CALLS: Dict[str, Call] = {
     "gaussian_blur": lambda x, a, b: pillow_blur(x, a, b, 3, True),
     "box_blur": lambda x, a, b: pillow_blur(x, a, b, 1, False),
-    "smooth": lambda x, a, b: smooth(x),
+    "kernel": lambda x, a, b: _builtin_kernel(x, a),
     "hflip": lambda x, a, b: x.flip(3),
     "vflip": lambda x, a, b: x.flip(2),
     "grayscale": _grayscale,
