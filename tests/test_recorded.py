@@ -32,6 +32,9 @@ USER_CALLS = {
                                                   ImageFilter.EDGE_ENHANCE, ImageFilter.EDGE_ENHANCE_MORE,
                                                   ImageFilter.EMBOSS, ImageFilter.FIND_EDGES, ImageFilter.SHARPEN,
                                                   ImageFilter.SMOOTH_MORE][int(r * 8)]),
+    "unsharp_mask": lambda img, r: img.filter(ImageFilter.UnsharpMask(radius=0.5 + 3 * r, percent=int(50 + 200 * r),
+                                                                      threshold=int(6 * r))),
+    "unsharp_mask_default": lambda img, r: img.filter(ImageFilter.UnsharpMask()),
     "detail_then_box": lambda img, r: img.filter(ImageFilter.DETAIL).filter(ImageFilter.BoxBlur(r)),
     "mirror": lambda img, r: ImageOps.mirror(img),
     "flip": lambda img, r: ImageOps.flip(img),
@@ -82,11 +85,12 @@ def test_every_recorded_call_equals_pillow_every_pixel(pillow_hooks, name, size,
     recorded = [_record(fn, size, r) for r in draws]
     width = max(len(c) for c in recorded)
     assert width >= 1
-    ops = [PillowCall(3 * k) for k in range(width)]
-    rows = np.zeros((len(crops), 3 * width))
+    n = PillowCall.width()
+    ops = [PillowCall(n * k) for k in range(width)]
+    rows = np.zeros((len(crops), n * width))
     for i, calls in enumerate(recorded):
-        for k, (call, a, b) in enumerate(calls):
-            rows[i, 3 * k:3 * k + 3] = (CALL_CODE[call], a, b)
+        for k, (call, *values) in enumerate(calls):
+            rows[i, n * k:n * k + n] = (CALL_CODE[call], *values)
     x = torch.stack([torch.from_numpy(np.array(c)).permute(2, 0, 1) for c in crops]).float().to(device)
     batch = Batch(rows, torch.from_numpy(rows).to(device))
     for op in ops:

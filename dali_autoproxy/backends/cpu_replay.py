@@ -233,22 +233,23 @@ def _pillow_blur(img, op: PillowBlur, row, v2_step):  # what the user's class as
 
 
 _PILLOW_CALLS = {  # what the user's code called, called again with the same arguments
-    "gaussian_blur": lambda img, a, b: img.filter(ImageFilter.GaussianBlur((a, b))),
-    "box_blur": lambda img, a, b: img.filter(ImageFilter.BoxBlur((a, b))),
-    "kernel": lambda img, a, b: img.filter(getattr(ImageFilter, BUILTIN_KERNELS[int(a)])),
-    "hflip": lambda img, a, b: img.transpose(Image.Transpose.FLIP_LEFT_RIGHT),
-    "vflip": lambda img, a, b: img.transpose(Image.Transpose.FLIP_TOP_BOTTOM),
-    "grayscale": lambda img, a, b: img.convert("L").convert(img.mode),  # the luma in every channel
-    "invert": lambda img, a, b: ImageOps.invert(img),
-    "solarize": lambda img, a, b: ImageOps.solarize(img, a),
-    "posterize": lambda img, a, b: img.point([i & int(a) for i in range(256)] * len(img.getbands())),
-    "equalize": lambda img, a, b: ImageOps.equalize(img),
-    "autocontrast": lambda img, a, b: ImageOps.autocontrast(img),
-    "brightness": lambda img, a, b: ImageEnhance.Brightness(img).enhance(a),
-    "contrast": lambda img, a, b: ImageEnhance.Contrast(img).enhance(a),
-    "color": lambda img, a, b: ImageEnhance.Color(img).enhance(a),
-    "sharpness": lambda img, a, b: ImageEnhance.Sharpness(img).enhance(a),
-    "hue": lambda img, a, b: F.adjust_hue(img, _hue_factor(int(a))),
+    "gaussian_blur": lambda img, a, b, c: img.filter(ImageFilter.GaussianBlur((a, b))),
+    "box_blur": lambda img, a, b, c: img.filter(ImageFilter.BoxBlur((a, b))),
+    "kernel": lambda img, a, b, c: img.filter(getattr(ImageFilter, BUILTIN_KERNELS[int(a)])),
+    "hflip": lambda img, a, b, c: img.transpose(Image.Transpose.FLIP_LEFT_RIGHT),
+    "vflip": lambda img, a, b, c: img.transpose(Image.Transpose.FLIP_TOP_BOTTOM),
+    "grayscale": lambda img, a, b, c: img.convert("L").convert(img.mode),  # the luma in every channel
+    "invert": lambda img, a, b, c: ImageOps.invert(img),
+    "solarize": lambda img, a, b, c: ImageOps.solarize(img, a),
+    "posterize": lambda img, a, b, c: img.point([i & int(a) for i in range(256)] * len(img.getbands())),
+    "equalize": lambda img, a, b, c: ImageOps.equalize(img),
+    "autocontrast": lambda img, a, b, c: ImageOps.autocontrast(img),
+    "brightness": lambda img, a, b, c: ImageEnhance.Brightness(img).enhance(a),
+    "contrast": lambda img, a, b, c: ImageEnhance.Contrast(img).enhance(a),
+    "color": lambda img, a, b, c: ImageEnhance.Color(img).enhance(a),
+    "sharpness": lambda img, a, b, c: ImageEnhance.Sharpness(img).enhance(a),
+    "hue": lambda img, a, b, c: F.adjust_hue(img, _hue_factor(int(a))),
+    "unsharp_mask": lambda img, a, b, c: img.filter(ImageFilter.UnsharpMask(a, int(b), int(c))),
 }
 
 
@@ -263,4 +264,4 @@ def _pillow_call(img, op: PillowCall, row, v2_step):  # what a recorded transfor
     call = PILLOW_CALLS[int(op.value(row, "call"))]
     if call == "none":
         return img
-    return _PILLOW_CALLS[call](img, float(op.value(row, "a")), float(op.value(row, "b")))
+    return _PILLOW_CALLS[call](img, *(float(op.value(row, name)) for name in ("a", "b", "c")))

@@ -46,6 +46,7 @@ PILLOW_CALLS = (
     "color",           # ImageEnhance.Color(img).enhance(a)
     "sharpness",       # ImageEnhance.Sharpness(img).enhance(a)
     "hue",             # torchvision's adjust_hue on PIL: a = the 8-bit shift of Pillow's HSV hue
+    "unsharp_mask",    # filter(UnsharpMask): a = radius, b = percent, c = threshold
 )
 CALL_CODE = {name: code for code, name in enumerate(PILLOW_CALLS)}
 # Pillow's fixed convolutions (ImageFilter's BuiltinFilter classes), by name
@@ -56,13 +57,13 @@ BUILTIN_KERNELS = ("BLUR", "CONTOUR", "DETAIL", "EDGE_ENHANCE", "EDGE_ENHANCE_MO
 @dataclass(frozen=True)
 class PillowCall(Op):
     """One Pillow call that a transform without a translation made on a recording image
-    (``plan/recording.py``), per sample: ``call`` indexes PILLOW_CALLS, ``a`` and ``b`` are its
-    arguments as the user's code passed them. A recorded transform gets a few of these in a row,
+    (``plan/recording.py``), per sample: ``call`` indexes PILLOW_CALLS, ``a``, ``b`` and ``c`` are
+    its arguments as the user's code passed them. A recorded transform gets a few of these in a row,
     one per call it made; positions it did not use hold "none". Every call keeps the size and the
     channels (an image converted to "L" keeps its luma in every channel, which every recorded
     call treats as Pillow treats the "L" image). Samples of a batch may record different calls:
     the kernels take each call's samples together."""
     placement: ClassVar[Placement] = Placement.TORCH
-    params: ClassVar[Tuple[str, ...]] = ("call", "a", "b")
-    neutral: ClassVar[Optional[Tuple[float, ...]]] = (0, 0.0, 0.0)
+    params: ClassVar[Tuple[str, ...]] = ("call", "a", "b", "c")
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (0, 0.0, 0.0, 0.0)
     slot: int

@@ -31,7 +31,7 @@ from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS
 
-Call = Tuple[str, float, float]  # (PILLOW_CALLS name, a, b)
+Call = Tuple[str, float, float, float]  # (PILLOW_CALLS name, a, b, c)
 
 MAX_CALLS = 16  # calls one transform may record per sample; more: it runs in the worker
 
@@ -107,8 +107,9 @@ class RecordingImage(Image.Image):
         self._mode = mode
         self.calls = calls
 
-    def then(self, name: str, a: float = 0.0, b: float = 0.0, mode: Optional[str] = None) -> "RecordingImage":
-        return RecordingImage(self._size, mode or self._mode, self.calls + ((name, float(a), float(b)),))
+    def then(self, name: str, a: float = 0.0, b: float = 0.0, c: float = 0.0,
+             mode: Optional[str] = None) -> "RecordingImage":
+        return RecordingImage(self._size, mode or self._mode, self.calls + ((name, float(a), float(b), float(c)),))
 
     def _same(self, mode: Optional[str] = None) -> "RecordingImage":
         return RecordingImage(self._size, mode or self._mode, self.calls)
@@ -146,6 +147,12 @@ class RecordingImage(Image.Image):
         kind = type(filter)
         if kind.__name__ in BUILTIN_KERNELS and kind is getattr(ImageFilter, kind.__name__):
             return self.then("kernel", BUILTIN_KERNELS.index(kind.__name__))
+        if kind is ImageFilter.UnsharpMask:
+            radius, percent, threshold = filter.radius, filter.percent, filter.threshold
+            if not (isinstance(radius, (int, float)) and radius >= 0 and type(percent) is int
+                    and type(threshold) is int):
+                raise _needs_pixels()
+            return self.then("unsharp_mask", radius, percent, threshold)
         if kind not in (ImageFilter.GaussianBlur, ImageFilter.BoxBlur):
             raise _needs_pixels()
         radius = filter.radius

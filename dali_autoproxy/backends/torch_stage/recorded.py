@@ -17,20 +17,20 @@ from dali_autoproxy.backends.torch_stage.pillow_filters import pillow_blur
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
 from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS, PILLOW_CALLS, PillowCall
 
-Call = Callable[[torch.Tensor, np.ndarray, np.ndarray], torch.Tensor]  # (samples, a, b) -> samples
+Call = Callable[..., torch.Tensor]  # (samples, a, b, c) -> samples, a b c the calls' values
 
 
 def _per_sample(values: np.ndarray, x: torch.Tensor) -> torch.Tensor:
     return upload(np.asarray(values, dtype=np.float32), x.device).view(-1, 1, 1, 1)
 
 
-def _grayscale(x: torch.Tensor, a, b) -> torch.Tensor:
+def _grayscale(x: torch.Tensor, a, b, c) -> torch.Tensor:
     return luma(x).unsqueeze(1).expand(-1, x.shape[1], -1, -1)
 
 
 def _blend(which: int) -> Call:
     """Brightness (0), Contrast (1) or Color (2): Pillow's blend with its degenerate image."""
-    def run(x: torch.Tensor, a, b) -> torch.Tensor:
+    def run(x: torch.Tensor, a, b, c) -> torch.Tensor:
         factors = np.ones((len(a), 3), dtype=np.float32)
         factors[:, which] = a  # float32, as Pillow's blend takes the factor
         return blend_step(x, np.full(len(a), which), upload(factors, x.device))
@@ -48,28 +48,41 @@ def _builtin_kernel(x: torch.Tensor, a) -> torch.Tensor:
     return x
 
 
-def _posterize(x: torch.Tensor, a, b) -> torch.Tensor:
+def _unsharp_mask(x: torch.Tensor, radius, percent, threshold) -> torch.Tensor:
+    """``ImagingUnsharpMask``: Pillow's Gaussian blur of the radius, then where |in - blurred| >
+    threshold, in + (in - blurred) * percent / 100 in C's integers (truncated), clipped."""
+    blurred = pillow_blur(x, radius, radius, 3, True)
+    xi = x.to(torch.int64)
+    diff = xi - blurred.to(torch.int64)
+    pct = upload(np.asarray(percent, dtype=np.int64), x.device).view(-1, 1, 1, 1)
+    thr = upload(np.asarray(threshold, dtype=np.int64), x.device).view(-1, 1, 1, 1)
+    sharp = (xi + torch.div(diff * pct, 100, rounding_mode="trunc")).clamp(0, 255)
+    return torch.where(diff.abs() > thr, sharp, xi).to(x.dtype)
+
+
+def _posterize(x: torch.Tensor, a, b, c) -> torch.Tensor:
     masks = upload(np.asarray(a, dtype=np.int64), x.device).view(-1, 1, 1, 1)
     return (x.to(torch.int64) & masks).to(x.dtype)
 
 
 CALLS: Dict[str, Call] = {
-    "gaussian_blur": lambda x, a, b: pillow_blur(x, a, b, 3, True),
-    "box_blur": lambda x, a, b: pillow_blur(x, a, b, 1, False),
-    "kernel": lambda x, a, b: _builtin_kernel(x, a),
-    "hflip": lambda x, a, b: x.flip(3),
-    "vflip": lambda x, a, b: x.flip(2),
+    "gaussian_blur": lambda x, a, b, c: pillow_blur(x, a, b, 3, True),
+    "box_blur": lambda x, a, b, c: pillow_blur(x, a, b, 1, False),
+    "kernel": lambda x, a, b, c: _builtin_kernel(x, a),
+    "hflip": lambda x, a, b, c: x.flip(3),
+    "vflip": lambda x, a, b, c: x.flip(2),
     "grayscale": _grayscale,
-    "invert": lambda x, a, b: 255 - x,
-    "solarize": lambda x, a, b: torch.where(x >= _per_sample(a, x), 255 - x, x),
+    "invert": lambda x, a, b, c: 255 - x,
+    "solarize": lambda x, a, b, c: torch.where(x >= _per_sample(a, x), 255 - x, x),
     "posterize": _posterize,
-    "equalize": lambda x, a, b: equalize(x),
-    "autocontrast": lambda x, a, b: autocontrast(x),
+    "equalize": lambda x, a, b, c: equalize(x),
+    "autocontrast": lambda x, a, b, c: autocontrast(x),
     "brightness": _blend(0),
     "contrast": _blend(1),
     "color": _blend(2),
-    "sharpness": lambda x, a, b: blend(smooth(x), x, _per_sample(a, x)),
-    "hue": lambda x, a, b: shift_hue(x, upload(np.asarray(a, dtype=np.int32), x.device)),
+    "sharpness": lambda x, a, b, c: blend(smooth(x), x, _per_sample(a, x)),
+    "hue": lambda x, a, b, c: shift_hue(x, upload(np.asarray(a, dtype=np.int32), x.device)),
+    "unsharp_mask": lambda x, a, b, c: _unsharp_mask(x, a, b, c),
 }
 
 
@@ -77,9 +90,9 @@ CALLS: Dict[str, Call] = {
 def _pillow_call(x: torch.Tensor, op: PillowCall, batch: Batch) -> torch.Tensor:
     host = batch.host
     codes = host[:, op.col("call")].astype(np.int64)
-    a, b = host[:, op.col("a")], host[:, op.col("b")]
+    a, b, c = host[:, op.col("a")], host[:, op.col("b")], host[:, op.col("c")]
     for code in np.unique(codes[codes > 0]):
         rows = np.flatnonzero(codes == code)
         run = CALLS[PILLOW_CALLS[code]]
-        x = update_rows(x, rows, lambda sub, _, run=run, rows=rows: run(sub, a[rows], b[rows]))
+        x = update_rows(x, rows, lambda sub, _, run=run, rows=rows: run(sub, a[rows], b[rows], c[rows]))
     return x

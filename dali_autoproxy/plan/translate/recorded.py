@@ -63,8 +63,8 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
                               transform=kind)
         for k, op in enumerate(ops):
             if k < len(calls):
-                call, a, b = calls[k]
-                g.put(op, CALL_CODE[call], a, b)
+                call, a, b, c = calls[k]
+                g.put(op, CALL_CODE[call], a, b, c)
             else:
                 g.put(op, *none)
     return Step(name, ops, draw, neutral=list(none) * width, note=refused or f"{name} has no DALI translation")
