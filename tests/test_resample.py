@@ -76,10 +76,12 @@ def test_pass_order_follows_pillow():
 
 
 def _triton_resize(x, ins, outs, kinds):
+    """The Triton passes on the batch as the torch stage hands it over: DALI's uint8 HWC, permuted."""
     from dali_autoproxy.backends.torch_stage import _triton_resample, resample
     order = resample.vertical_first(ins, outs)
+    as_dali_made_it = x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().to(DEVICE).permute(0, 3, 1, 2)
     return resample._by_order(lambda *a: resample._two_passes_triton(_triton_resample.resample_axis, *a),
-                              x.to(DEVICE), ins, outs, kinds, order)
+                              as_dali_made_it, ins, outs, kinds, order)
 
 
 DEVICE = "cpu"

@@ -30,11 +30,15 @@ from dali_autoproxy.backends.torch_stage.policies import augment
 from dali_autoproxy.backends.torch_stage.registry import TORCH_KERNELS, Batch, upload
 from dali_autoproxy.backends.torch_stage.resample import uniform
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
+from dali_autoproxy.plan.ir import PillowResize
 
 # every module of this package registers its kernels when imported (the Triton ones load lazily)
 for _module in pkgutil.iter_modules(__path__):
     if not _module.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_module.name}")
+
+
+TAKES_UINT8 = (PillowResize,)  # kernels that read DALI's uint8 batch as it is (no float32 copy first)
 
 
 class TorchStage:
@@ -52,7 +56,9 @@ class TorchStage:
             return [self(o.unsqueeze(0), params[k:k + 1]).squeeze(0) for k, o in enumerate(out)]
         host = np.asarray(params)
         batch = Batch(host, upload(host, out.device))
-        x = out.permute(0, 3, 1, 2).to(torch.float32)  # whole numbers 0..255 until a ToFloat
+        x = out.permute(0, 3, 1, 2)  # whole numbers 0..255 until a ToFloat
+        if not (self.ops and type(self.ops[0]) in TAKES_UINT8):
+            x = x.to(torch.float32)
         return self._run(x, batch, 0)
 
     def _run(self, x: torch.Tensor, batch: Batch, start: int) -> Union[torch.Tensor, List[torch.Tensor]]:

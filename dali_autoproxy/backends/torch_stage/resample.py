@@ -154,7 +154,7 @@ def triton_cdiv(n: int, k: int) -> int:
 
 def _two_passes_triton(kernel, x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
                        columns_first: bool) -> torch.Tensor:
-    x = x.to(torch.float32)
+    # x as DALI made it (uint8, any strides) or float32: the kernel reads either, whole numbers
     if columns_first:
         rows = _triton_pass(kernel, x, in_hw[:, 1], out_hw[:, 1], kinds, along=3)
         return _triton_pass(kernel, rows, in_hw[:, 0], out_hw[:, 0], kinds, along=2)
@@ -236,7 +236,8 @@ def _by_order(two_passes, x, in_hw, out_hw, kinds, order) -> torch.Tensor:
     """``two_passes`` on the samples Pillow resizes columns first, then on the others."""
     if not order.any() or order.all():
         return two_passes(x, in_hw, out_hw, kinds, not order[0]).to(torch.float32)
-    out = x.new_zeros((x.shape[0], x.shape[1], int(out_hw[:, 0].max()), int(out_hw[:, 1].max())))
+    out = torch.zeros((x.shape[0], x.shape[1], int(out_hw[:, 0].max()), int(out_hw[:, 1].max())),
+                      dtype=torch.float32, device=x.device)
     for rows_first in (False, True):
         idx = np.flatnonzero(order == rows_first)
         part = two_passes(x.index_select(0, upload(idx, x.device)), in_hw[idx], out_hw[idx], kinds[idx],
