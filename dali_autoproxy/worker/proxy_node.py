@@ -4,6 +4,12 @@ The image's encoded JPEG (when nothing has touched its pixels) or its pixels, wi
 the plan's drawers make for it (torchvision's own RNG calls, in the worker, so the draws are
 plain's), become a :class:`~dali_autoproxy.transport.ProxySample`. A partial offload runs the
 chain's head here first; an input DALI should not see runs the whole chain here.
+
+A plan with recorded steps may learn, drawing a sample, that a recorded transform needs pixels
+(``NeedsPixels``): the random generators go back to where they stood before the sample, the
+chain is planned again with that transform in the worker, the new plan travels with the samples,
+and the sample is drawn again. An image handed on by another chain (``worker/handover.py``)
+continues that chain's draws under the plan of both chains joined.
 """
 from __future__ import annotations
 
