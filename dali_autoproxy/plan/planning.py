@@ -200,6 +200,9 @@ def _looks_like_dataset(obj: Any) -> bool:
     return hasattr(type(obj), "__getitem__") and not isinstance(obj, (list, tuple, dict))
 
 
+ENDS_AS_PIL = "the chain ends in a PIL image, which default_collate cannot batch"
+
+
 def _translate(transforms: List[Any], exact_resize: bool = True, ends_as_pil: bool = False) -> Plan:
     state = ChainState(fidelity=SETTINGS["fidelity"], exact_resize=exact_resize and SETTINGS["resize"] == "pillow")
     counter = [0]
@@ -254,9 +257,6 @@ def _convert(t: Any, state: ChainState, alloc, counter: List[int]) -> Step:
     counter[0] = mark
     state.__dict__.update(before.__dict__)
     return record_step(t, state, alloc, refused)
-
-
-ENDS_AS_PIL = "the chain ends in a PIL image, which default_collate cannot batch"
 
 
 def build_head_plan(transform: Any) -> Plan:

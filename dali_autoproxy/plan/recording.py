@@ -20,6 +20,7 @@ runs the sample that way (exactly plain), and the report names the class and the
 """
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 import threading
@@ -93,7 +94,8 @@ def _pil_caller() -> str:
 def _needs_pixels() -> NeedsPixels:
     if not recording.active:  # a recording image kept by the user's code and used later
         raise RuntimeError("dali_autoproxy: an image recorded for a transform was used after the transform "
-                           "returned; set DALI_AUTOPROXY=0 to run this dataset as plain torchvision")
+                           "returned; enable(record='off') (DALI_AUTOPROXY_RECORD=off) leaves such transforms "
+                           "in the worker")
     return NeedsPixels(f"Image.{_pil_caller()}", _user_frame())
 
 
@@ -149,14 +151,14 @@ class RecordingImage(Image.Image):
             return self.then("kernel", BUILTIN_KERNELS.index(kind.__name__))
         if kind is ImageFilter.UnsharpMask:
             radius, percent, threshold = filter.radius, filter.percent, filter.threshold
-            if not (isinstance(radius, (int, float)) and radius >= 0 and type(percent) is int
+            if not (isinstance(radius, numbers.Real) and radius >= 0 and type(percent) is int
                     and type(threshold) is int):
                 raise _needs_pixels()
             return self.then("unsharp_mask", radius, percent, threshold)
         if kind not in (ImageFilter.GaussianBlur, ImageFilter.BoxBlur):
             raise _needs_pixels()
         radius = filter.radius
-        x, y = (radius, radius) if isinstance(radius, (int, float)) else tuple(radius)
+        x, y = (radius, radius) if isinstance(radius, numbers.Real) else tuple(radius)
         if x < 0 or y < 0:
             raise _needs_pixels()
         if (x, y) == (0, 0):

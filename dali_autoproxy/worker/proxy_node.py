@@ -69,6 +69,8 @@ def _join(head: Any, head_plan: Plan, tail: Any) -> Optional[Plan]:
     except Exception:  # pragma: no cover - a converter tripped: the image gets its pixels
         logger.debug("joining two chains failed", exc_info=True)
         return None
+    if plan.worker_prefix:  # the head's steps would run in the worker: its draws do not fit
+        return None
     opening = [(s.name, s.ops) for s in plan.steps[:len(head_plan.steps)]]
     return plan if opening == [(s.name, s.ops) for s in head_plan.steps] else None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as nnf
+from PIL import ImageFilter
 
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel
 from dali_autoproxy.plan.ir import Blur
@@ -28,21 +29,10 @@ def gaussian_blur(x: torch.Tensor, op: Blur, params: torch.Tensor) -> torch.Tens
 
 
 def smooth(x: torch.Tensor) -> torch.Tensor:
-    """Pillow's ImageFilter.SMOOTH (3x3, 1 1 1 / 1 5 1 / 1 1 1, divided by 13 in float32,
-    rows summed bottom to top, rounded half up; the border pixels are copied)."""
-    k1, k5 = float(torch.tensor(1.0) / 13.0), float(torch.tensor(5.0) / 13.0)  # float32, as Pillow's normkernel
-
-    def row(r, weight_mid):
-        return (r[..., :-2] * k1 + r[..., 1:-1] * weight_mid) + r[..., 2:] * k1
-    below, mid, above = x[:, :, 2:, :], x[:, :, 1:-1, :], x[:, :, :-2, :]
-    ss = torch.zeros_like(mid[..., 1:-1])
-    ss = ss + row(below, k1)
-    ss = ss + row(mid, k5)
-    ss = ss + row(above, k1)
-    inner = torch.where(ss <= 0, 0.0, torch.where(ss >= 255, 255.0, torch.floor(ss + 0.5)))
-    out = x.clone()
-    out[:, :, 1:-1, 1:-1] = inner
-    return out
+    """Pillow's ImageFilter.SMOOTH (what ImageEnhance.Sharpness blends with): ``pillow_kernel``
+    with SMOOTH's weights (1 1 1 / 1 5 1 / 1 1 1, divided by 13), the border copied."""
+    size, scale, offset, weights = ImageFilter.SMOOTH.filterargs
+    return pillow_kernel(x, size[0], np.asarray(weights, dtype=np.float32) / np.float32(scale), offset)
 
 
 def pillow_kernel(x: torch.Tensor, size: int, weights, offset: float) -> torch.Tensor:

@@ -42,9 +42,8 @@ def _builtin_kernel(x: torch.Tensor, a) -> torch.Tensor:
     which = np.asarray(a, dtype=np.int64)
     for k in np.unique(which):
         size, scale, offset, weights = getattr(ImageFilter, BUILTIN_KERNELS[k]).filterargs
-        rows = np.flatnonzero(which == k)
         scaled = np.asarray(weights, dtype=np.float32) / np.float32(scale)  # as Pillow divides, in float32
-        x = update_rows(x, rows, lambda sub, _: pillow_kernel(sub, size[0], scaled, offset))
+        x = update_rows(x, np.flatnonzero(which == k), lambda sub, _: pillow_kernel(sub, size[0], scaled, offset))
     return x
 
 
