@@ -31,7 +31,8 @@ Recipes (their own chains and loaders):
   swav          SwAV's own MultiCropDataset (src/multicropdataset.py: 2 x 224 + 6 x 96, its
                 PILRandomGaussianBlur, recorded); set SWAV_DIR to a checkout
 
-Images counts a multi-view sample once per view; samples counts it once. Every batch is moved to
+Images counts a multi-view sample once per view; samples counts it once. ``--per-view-decode``
+adds autoproxy with ``shared_decode="off"`` (each view decodes its own region of the JPEG). Every batch is moved to
 the GPU when there is one. Steady state: batches [w, B - w) of the epoch are timed, w as many as
 autoproxy queues ahead (at most a third of the epoch), so no queued work counts as free.
 
@@ -240,10 +241,15 @@ def images_in(batch) -> list:
     return list(x) if isinstance(x, list) else [x]
 
 
-def run(shape, root, workers, batch, warmup, autoproxy, dali_device):
+PER_VIEW = "autoproxy, a decode per view"  # the mode --per-view-decode adds: shared_decode="off"
+
+
+def run(shape, root, workers, batch, warmup, mode, dali_device):
     import dali_autoproxy
+    autoproxy = mode != "torchvision"
     if autoproxy:
-        dali_autoproxy.enable(device=dali_device, log_level="WARNING")
+        dali_autoproxy.enable(device=dali_device, log_level="WARNING",
+                              shared_decode="off" if mode == PER_VIEW else "on")
     try:
         loader = make_loader(shape, root, workers, batch)
         cuda = torch.cuda.is_available()
@@ -273,7 +279,10 @@ def run(shape, root, workers, batch, warmup, autoproxy, dali_device):
         gc.collect()
         if autoproxy and not rep["proxied"]:
             raise RuntimeError(f"autoproxy fell back: {rep['reason']}")
-        return n, dt, (rep or {}).get("decode", "-")
+        decode = (rep or {}).get("decode", "-")
+        if rep and rep["dali_decodes"]:
+            decode += f", {rep['decoded_on_dali'] / rep['dali_decodes']:.1f} views per decode"
+        return n, dt, decode
     finally:
         dali_autoproxy.disable()
 
@@ -283,9 +292,11 @@ def summarize(results) -> str:
     lines = ["| shape | workers | torchvision img/s | autoproxy img/s (min-max) | autoproxy / torchvision | "
              "autoproxy / ImageFolder with autoproxy | decoding with autoproxy |", "|---|---|---|---|---|---|---|"]
     for (shape, mode, w), r in by.items():
-        if mode != "autoproxy":
+        if mode == "torchvision":
             continue
         tv, ref = by.get((shape, "torchvision", w)), by.get(("imagefolder", "autoproxy", w))
+        if mode == PER_VIEW:
+            shape = f"{shape} ({PER_VIEW})"
         spread = f" ({r['min_images_per_s']:,.0f}-{r['max_images_per_s']:,.0f})" if r["runs"] > 1 else ""
         vs_tv = f"{r['images_per_s'] / tv['images_per_s']:.2f}x" if tv else "-"
         vs_ref = f"{r['images_per_s'] / ref['images_per_s']:.2f}x" if ref else "-"
@@ -308,23 +319,26 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode, interleaved; the median is reported")
     ap.add_argument("--tv-repeat", type=int, default=1, help="runs of the (slow) torchvision mode")
     ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--per-view-decode", action="store_true",
+                    help=f"also run autoproxy with shared_decode='off' (mode '{PER_VIEW}'), in the same run")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    modes = ("torchvision", "autoproxy") + ((PER_VIEW,) if a.per_view_decode else ())
     corpus = make_corpus(a.data, a.images)
     env = {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "dali_device": a.device}
     print(json.dumps({"corpus": corpus, "env": env}), flush=True)
     results = []
     for w in a.workers:
-        runs = {(s, m): [] for s in a.shapes for m in ("torchvision", "autoproxy")}
+        runs = {(s, m): [] for s in a.shapes for m in modes}
         for rep in range(a.repeat):
             for shape in a.shapes:
-                for mode in ("torchvision", "autoproxy"):
+                for mode in modes:
                     if mode == "torchvision" and rep >= a.tv_repeat:
                         continue
                     try:
                         warm = a.warmup if a.warmup is not None else auto_warmup(w, a.images // a.batch)
-                        n, dt, decode = run(shape, a.data, w, a.batch, warm, mode == "autoproxy", a.device)
+                        n, dt, decode = run(shape, a.data, w, a.batch, warm, mode, a.device)
                     except Exception as exc:  # one shape failing must not lose the others' figures
                         print(json.dumps({"shape": shape, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:300]}),
                               flush=True)

@@ -21,7 +21,8 @@ __all__ = ["enable", "disable", "register_equivalent", "register_op", "is_enable
 def enable(*, device: Optional[str] = None, output: Optional[str] = None,
            log_level: Optional[str] = None, fidelity: Optional[str] = None,
            lookahead: Optional[int] = None, hw_decoder_load: Optional[float] = None,
-           resize: Optional[str] = None, record: Optional[str] = None) -> None:
+           resize: Optional[str] = None, record: Optional[str] = None,
+           shared_decode: Optional[str] = None) -> None:
     """Patch torch's DataLoader so recognised torchvision transforms run in DALI.
 
     device: "auto" (GPU when CUDA and DALI are usable, else plain torchvision), "gpu", or
@@ -35,12 +36,15 @@ def enable(*, device: Optional[str] = None, output: Optional[str] = None,
     within a measured bound of Pillow's) or "pillow" (Resize and RandomResizedCrop of PIL images
     equal to Pillow's, border included; slower, see docs/benchmarks.md). record: "on" (default: a
     transform without a translation is called with a recording image and its Pillow calls run on
-    DALI's side, see docs/how-it-works.md) or "off" (it runs in the worker). Each falls back to
-    DALI_AUTOPROXY_DEVICE / _OUTPUT / _LOG / _FIDELITY / _LOOKAHEAD / _HW_DECODER_LOAD / _RESIZE / _RECORD.
+    DALI's side, see docs/how-it-works.md) or "off" (it runs in the worker). shared_decode: "on"
+    (default: the views of one image, as multi-view recipes make them, decode it once) or "off"
+    (each view decodes its own region). Each falls back to DALI_AUTOPROXY_DEVICE / _OUTPUT / _LOG /
+    _FIDELITY / _LOOKAHEAD / _HW_DECODER_LOAD / _RESIZE / _RECORD / _SHARED_DECODE.
     Calling it again only updates the options.
     """
     options = resolve_options(device, output, log_level, fidelity, lookahead=lookahead,
-                              hw_decoder_load=hw_decoder_load, resize=resize, record=record)
+                              hw_decoder_load=hw_decoder_load, resize=resize, record=record,
+                              shared_decode=shared_decode)
     configure_logging(options.log_level)
     if options.device != "cpu":  # before torchvision loads its older copy (see nvjpeg.py)
         from dali_autoproxy.backends.dali.nvjpeg import preload

@@ -16,6 +16,7 @@ OUTPUTS = ("auto", "cpu")
 FIDELITIES = ("exact", "fast")
 RESIZES = ("dali", "pillow")
 RECORDS = ("on", "off")
+SHARED_DECODES = ("on", "off")
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
 ENABLE_VALUES_ON = ("1", "true", "yes", "on")
 ENABLE_VALUES_OFF = ("", "0", "false", "no", "off")
@@ -30,6 +31,7 @@ LOOKAHEAD_RANGE = (1, 64)
 ENV_HW_DECODER_LOAD = "DALI_AUTOPROXY_HW_DECODER_LOAD"
 ENV_RESIZE = "DALI_AUTOPROXY_RESIZE"
 ENV_RECORD = "DALI_AUTOPROXY_RECORD"
+ENV_SHARED_DECODE = "DALI_AUTOPROXY_SHARED_DECODE"
 ENV_TRITON = "DALI_AUTOPROXY_TRITON"
 TRITON_VALUES = ("1", "0")
 
@@ -55,6 +57,10 @@ class Options:
     # "on": a transform without a translation, on a PIL image, is called with a recording image
     # (plan/recording.py) and its Pillow calls run on DALI's side; "off": it runs in the worker.
     record: str = "on"
+    # "on": the views a multi-view recipe makes of one image (one per position of the sample) are
+    # decoded once, each view cropped from that decode in one pipeline; "off": each view decodes
+    # its own region of the JPEG (fewer pixels per decode, as many decodes as views).
+    shared_decode: str = "on"
 
 
 def _pick_number(name: str, value, env_name: str, environ: Mapping[str, str], default, parse, valid, accepted: str):
@@ -111,7 +117,7 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
                     log_level: Optional[str] = None, fidelity: Optional[str] = None,
                     environ: Optional[Mapping[str, str]] = None, lookahead: Optional[int] = None,
                     hw_decoder_load: Optional[float] = None, resize: Optional[str] = None,
-                    record: Optional[str] = None) -> Options:
+                    record: Optional[str] = None, shared_decode: Optional[str] = None) -> Options:
     """Merge keyword arguments over environment variables and validate both."""
     env = os.environ if environ is None else environ
     triton_allowed(env)  # read where the kernels load (backends/torch_stage/fused_color.py); checked here too
@@ -125,6 +131,8 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
                                        Options.hw_decoder_load),
         resize=_pick("resize", resize, ENV_RESIZE, RESIZES, env, Options.resize),
         record=_pick("record", record, ENV_RECORD, RECORDS, env, Options.record),
+        shared_decode=_pick("shared_decode", shared_decode, ENV_SHARED_DECODE, SHARED_DECODES, env,
+                            Options.shared_decode),
     )
 
 

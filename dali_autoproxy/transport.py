@@ -21,6 +21,7 @@ import torch
 from dali_autoproxy.plan.planning import Plan
 
 ENCODED, RAW = "encoded", "raw"  # what a DALI pipeline takes in: JPEG bytes, or HWC uint8 pixels
+SHARED = "shared"  # several groups of one batch made from the same JPEGs: one decode, a branch each
 
 # why a sample's image was decoded in the worker (counted per loader in the report)
 WHY_PREFIX = "partial offload: worker steps need pixels"
@@ -32,12 +33,14 @@ WHY_RECORDING = "a recorded transform needs pixels: the whole chain ran in the w
 
 class ProxySample:
     """One sample's input to a DALI pipeline, or its finished CPU result (``done``)."""
-    __slots__ = ("key", "kind", "payload", "params", "path", "done", "why", "plan", "shape", "dtype")
+    __slots__ = ("key", "kind", "payload", "params", "path", "done", "why", "plan", "shape", "dtype", "source")
 
     def __init__(self, key: str, kind: str = RAW, payload: Optional[np.ndarray] = None,
                  params: Optional[List[float]] = None, path: Optional[str] = None,
                  done: Optional[torch.Tensor] = None, why: Optional[str] = None, plan: Optional[Plan] = None,
-                 shape: Optional[Tuple[int, int, int]] = None, dtype: Optional[torch.dtype] = None):
+                 shape: Optional[Tuple[int, int, int]] = None, dtype: Optional[torch.dtype] = None,
+                 source: Optional[int] = None):
+        self.source = source  # which encoded buffer (its id in the worker): views of one image share it
         self.shape = shape  # (C, H, W) and dtype of the tensor DALI will make of it
         self.dtype = dtype
         self.key = key
@@ -69,12 +72,35 @@ class ProxyGroup:
         self.params = params        # float64 [n, n_params] (whole numbers are exact)
         self.paths = paths
 
+    @property
+    def members(self) -> List["ProxyGroup"]:
+        """The groups whose params a pipeline run takes: this one."""
+        return [self]
+
     def payload_views(self) -> List[np.ndarray]:
         flat = self.payload.numpy()
         views = [flat[self.offsets[i]:self.offsets[i + 1]] for i in range(len(self.indices))]
         if self.shapes is not None:
             views = [v.reshape(tuple(s)) for v, s in zip(views, self.shapes)]
         return views
+
+
+class SharedGroup:
+    """Groups of one batch (the views of a multi-view recipe, one per position) whose rows are
+    the same JPEGs in the same order: the worker packed their bytes once (the same shared-memory
+    tensor), so one DALI pipeline decodes each image once and makes every view from it."""
+
+    def __init__(self, members: List[ProxyGroup]):
+        self.members = members
+        self.key = "+".join(g.key for g in members)
+        self.kind = SHARED
+        self.params = None  # each member's own: ``members[k].params``
+
+    def payload_views(self) -> List[np.ndarray]:
+        return self.members[0].payload_views()
+
+    def __repr__(self) -> str:
+        return f"SharedGroup({len(self.members)} views of {len(self.members[0].indices)} images)"
 
 
 class ProxyBatch:

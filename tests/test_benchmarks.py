@@ -57,7 +57,22 @@ def test_recipe_loaders_are_proxied(tmp_path):
     assert '"error"' not in res.stdout, res.stdout[-3000:]
     rows = json.loads(out.read_text())["results"]
     assert {(r["shape"], r["mode"]) for r in rows} == {(s, m) for s in recipes for m in ("torchvision", "autoproxy")}
-    assert all(r["decode"] == "DALI 100%" for r in rows if r["mode"] == "autoproxy"), rows
+    assert all(r["decode"].startswith("DALI 100%") for r in rows if r["mode"] == "autoproxy"), rows
+
+
+def test_shared_and_per_view_decode_side_by_side(tmp_path):
+    """--per-view-decode adds autoproxy with shared_decode='off' to the same run, both proxied."""
+    out = tmp_path / "views.json"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "dataset_shapes_benchmark.py"), "--data",
+           str(tmp_path / "c"), "--images", "32", "--workers", "2", "--batch", "8", "--device", "cpu",
+           "--warmup", "1", "--shapes", "two_view", "--per-view-decode", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and '"error"' not in res.stdout, (res.stdout + res.stderr)[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    assert {r["mode"] for r in rows} == {"torchvision", "autoproxy", "autoproxy, a decode per view"}, rows
+    decode = {r["mode"]: r["decode"] for r in rows}
+    assert decode["autoproxy"] == "DALI 100%, 2.0 views per decode", rows
+    assert decode["autoproxy, a decode per view"] == "DALI 100%, 1.0 views per decode", rows
 
 
 def test_train_benchmark_reads_the_imagenet_scripts_progress():

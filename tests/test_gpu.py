@@ -282,3 +282,19 @@ def test_gpu_recorded_pillow_class_and_handed_images(photo_root):
             assert b.is_cuda
             compare([(a, la)], [(b.cpu(), lb)], normalized=False, mae_max=GPU_MAE,
                     psnr_min=GPU_PSNR)
+
+
+def test_gpu_views_of_one_image_decode_it_once(photo_root):
+    """The CPU twin is test_shared_decode.py: each image decoded once on the GPU for its five
+    views, every view within the GPU bound of plain torchvision's."""
+    from test_shared_decode import MultiView, _views
+    ds = image_folder(photo_root, MultiView(_views()))
+    ref = load_all(ds, autoproxy=False, seed=3, shuffle=True)
+    out = load_all(ds, autoproxy=True, device="gpu", seed=3, shuffle=True)
+    rep = last_report()
+    assert rep["proxied"] and rep["device"] == "gpu" and rep["decode"] == "DALI 100%", rep
+    assert rep["dali_decodes"] == len(ds) and rep["decoded_on_dali"] == 5 * len(ds), rep
+    for k in range(5):
+        assert all(x[k].is_cuda for x, _ in out)
+        compare([(x[k], y) for x, y in ref], [(x[k].cpu(), y) for x, y in out], normalized=False,
+                mae_max=GPU_MAE, psnr_min=GPU_PSNR)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 import wrapt
@@ -24,7 +24,7 @@ from dali_autoproxy.main.cpu_fallback import replay_group
 from dali_autoproxy.main.decision import Decision, chain_names, decide, max_batch_size
 from dali_autoproxy.main.state import LoaderState, RunnerKey, output_device
 from dali_autoproxy.plan.settings import SETTINGS
-from dali_autoproxy.transport import ENCODED, RAW, ProxyBatch, ProxyCollated, ProxyGroup
+from dali_autoproxy.transport import ENCODED, RAW, SHARED, ProxyBatch, ProxyCollated, ProxyGroup, SharedGroup
 from dali_autoproxy.tree import batch_length
 from dali_autoproxy.worker.chains import ChainRouter
 from dali_autoproxy.worker.collate import CollateInMain, DefaultCollate
@@ -65,7 +65,7 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
         batch_size = max_batch_size(loader)
         for plan in decision.plans.values():
             kind = RAW if plan.worker_prefix else ENCODED
-            runner = state.take_runner(plan, kind, batch_size, decision.device, options.lookahead,
+            runner = state.take_runner(plan.key, kind, batch_size, decision.device, options.lookahead,
                                        options.hw_decoder_load)
             state.give_back({(plan.key, kind): runner})
     except Exception as exc:
@@ -103,11 +103,36 @@ def _without_frames(exc: BaseException) -> BaseException:
     return exc
 
 
-class _InFlight:
-    __slots__ = ("batch", "proxies", "error", "index")
+class _NoPipeline(Exception):
+    """A unit whose pipeline could not be built (its reason, as text)."""
 
-    def __init__(self, batch=None, proxies=(), error=None, index=-1):
+
+class _InFlight:
+    __slots__ = ("batch", "proxies", "error", "index", "units")
+
+    def __init__(self, batch=None, proxies=(), error=None, index=-1, units=()):
         self.batch, self.proxies, self.error, self.index = batch, proxies, error, index
+        self.units = units  # what went to the runners, in order: ProxyGroups and SharedGroups
+
+
+def pipeline_units(proxies: List[ProxyBatch], share: bool) -> List[Union[ProxyGroup, SharedGroup]]:
+    """What one batch's groups run as: a group alone, or (``share``) groups whose payload is one
+    tensor (a worker packed the same JPEGs, row for row, for several positions: the views of a
+    multi-view recipe) as one SharedGroup, decoded once."""
+    by_payload: Dict[int, List[ProxyGroup]] = {}
+    units: List[Union[ProxyGroup, SharedGroup]] = []
+    for pb in proxies:
+        for group in pb.groups:
+            if share and group.kind == ENCODED:
+                views = by_payload.setdefault(id(group.payload), [])
+                views.append(group)
+                if len(views) > 1:
+                    continue
+            units.append(group)
+    if not share:
+        return units
+    return [SharedGroup(by_payload[id(u.payload)]) if u.kind == ENCODED and len(by_payload[id(u.payload)]) > 1
+            else u for u in units]
 
 
 class ProxiedIterator(wrapt.ObjectProxy):
@@ -122,6 +147,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_batch_size = max_batch_size(loader)
         self._self_lookahead = options.lookahead
         self._self_hw_decoder_load = options.hw_decoder_load
+        self._self_share = options.shared_decode == "on"
         self._self_inflight: collections.deque = collections.deque()
         self._self_count = 0
         self._self_runners: Dict[RunnerKey, Any] = {}
@@ -134,24 +160,25 @@ class ProxiedIterator(wrapt.ObjectProxy):
         weakref.finalize(self, state.give_back, self._self_runners)
 
     # -- runners
-    def _self_runner(self, group: ProxyGroup) -> Optional[Any]:
-        """The pipeline for a group's plan and input kind, built on first use; None when it
-        cannot be built (the group is then computed on the CPU)."""
-        key = (group.key, group.kind)
+    def _self_runner(self, unit: Union[ProxyGroup, SharedGroup]) -> Optional[Any]:
+        """The pipeline for a group's plan and input kind (a SharedGroup: its views' plans),
+        built on first use; None when it cannot be built (the group is then computed on the CPU)."""
+        key = (unit.key, unit.kind)
         runner = self._self_runners.get(key)
         if runner is None and key not in self._self_broken:
             state = self._self_state
-            if group.plan is not None:
-                state.learn(group.plan)
-            plan = state.plans.get(group.key)
+            for member in unit.members:
+                if member.plan is not None:
+                    state.learn(member.plan)
             try:
-                if plan is None:
-                    raise RuntimeError(f"no plan {group.key} was announced")
-                runner = state.take_runner(plan, group.kind, self._self_batch_size, self._self_device,
+                missing = [m.key for m in unit.members if m.key not in state.plans]
+                if missing:
+                    raise RuntimeError(f"no plan {missing[0]} was announced")
+                runner = state.take_runner(unit.key, unit.kind, self._self_batch_size, self._self_device,
                                            self._self_lookahead, self._self_hw_decoder_load)
             except Exception as exc:
                 logger.warning("DataLoader #%d: no DALI pipeline for %s (%s): those samples are computed "
-                               "by PIL and torchvision", state.record["loader"], group.key, exc)
+                               "by PIL and torchvision", state.record["loader"], unit.key, exc)
                 self._self_broken[key] = f"{type(exc).__name__}: {exc}"  # text: no frames kept
                 return None
             self._self_runners[key] = runner
@@ -206,31 +233,34 @@ class ProxiedIterator(wrapt.ObjectProxy):
         index = self._self_count
         self._self_count += 1
         proxies = find_proxy_batches(batch)
-        for pb in proxies:
-            for group in pb.groups:
-                runner = self._self_runner(group)
-                if runner is not None:
-                    runner.submit(group)
-        return _InFlight(batch, proxies, None, index)
+        units = pipeline_units(proxies, self._self_share)
+        for unit in units:
+            runner = self._self_runner(unit)
+            if runner is not None:
+                runner.submit(unit)
+        return _InFlight(batch, proxies, None, index, units)
 
     def _self_finish(self, entry: _InFlight):
         table: Dict[int, torch.Tensor] = {}
         try:
             collated = isinstance(entry.batch, ProxyCollated)
-            for pb in entry.proxies:
-                outputs = []
-                for gi, group in enumerate(pb.groups):
-                    runner = self._self_runners.get((group.key, group.kind))
+            outputs: Dict[int, Any] = {}  # id(group): its tensors
+            for ui, unit in enumerate(entry.units):
+                key = (unit.key, unit.kind)
+                runner = self._self_runners.get(key)
+                try:
                     if runner is None:
-                        why = self._self_broken[(group.key, group.kind)]
-                        outputs.append(self._self_on_cpu(group, entry.index, why))
-                        continue
-                    try:
-                        outputs.append(runner.collect(self._self_timeout))
-                    except Exception as exc:
-                        self._self_recover(entry, pb, gi)
-                        outputs.append(self._self_on_cpu(group, entry.index, exc))
-                table[id(pb)] = self._self_assemble(pb, outputs, stack=not collated)
+                        raise _NoPipeline(self._self_broken[key])
+                    out = runner.collect(self._self_timeout)
+                except Exception as exc:
+                    if runner is not None:
+                        self._self_recover(entry, ui)
+                    why = exc.args[0] if type(exc) is _NoPipeline else exc
+                    out = [self._self_on_cpu(g, entry.index, why) for g in unit.members]
+                    out = out if unit.kind == SHARED else out[0]
+                outputs.update(zip(map(id, unit.members), out if unit.kind == SHARED else [out]))
+            for pb in entry.proxies:
+                table[id(pb)] = self._self_assemble(pb, [outputs[id(g)] for g in pb.groups], stack=not collated)
         finally:
             rec = self._self_state.record
             rec["batches"] += 1
@@ -238,6 +268,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
                 rec["reason"] = NOTHING_ROUTED
             elif entry.proxies and rec["reason"] == NOTHING_ROUTED:
                 rec["reason"] = None
+            self._self_state.count_decodes(entry.units)
             for pb in entry.proxies:
                 rec["samples"] += pb.size
                 rec["cpu_path_samples"] += len(pb.done_indices)
@@ -253,19 +284,16 @@ class ProxiedIterator(wrapt.ObjectProxy):
     def _self_on_cpu(self, group: ProxyGroup, batch_index: int, dali_error: Any) -> List[torch.Tensor]:
         return replay_group(self._self_state, group, batch_index, dali_error, self._self_dataset)
 
-    def _self_recover(self, failed: _InFlight, pb: ProxyBatch, group_index: int) -> None:
+    def _self_recover(self, failed: _InFlight, unit_index: int) -> None:
         """Rebuild the failed runner and resubmit what was queued behind the failed batch."""
-        key = (pb.groups[group_index].key, pb.groups[group_index].kind)
+        unit = failed.units[unit_index]
+        key = (unit.key, unit.kind)
         runner = self._self_runners[key]
         runner.rebuild()
-
-        def same(g: ProxyGroup) -> bool:
-            return (g.key, g.kind) == key
-        later_groups = [g for g in pb.groups[group_index + 1:] if same(g)]
-        later_groups += [g for pb2 in failed.proxies[failed.proxies.index(pb) + 1:] for g in pb2.groups if same(g)]
-        later_groups += [g for e in self._self_inflight for pb2 in e.proxies for g in pb2.groups if same(g)]
-        for g in later_groups:
-            runner.submit(g)
+        later = list(failed.units[unit_index + 1:]) + [u for e in self._self_inflight for u in e.units]
+        for u in later:
+            if (u.key, u.kind) == key:
+                runner.submit(u)
 
     def _self_assemble(self, pb: ProxyBatch, outputs: List[Any], stack: bool = True) -> Any:
         """The batch's tensor in sample order (``stack=False``: one tensor per sample, for a

@@ -8,7 +8,7 @@ from typing import IO, List, Optional
 
 from dali_autoproxy.main.hooks import instrumentor
 
-COLUMNS = ("loader", "dataset", "proxied", "device", "decode", "dali_transforms",
+COLUMNS = ("loader", "dataset", "proxied", "device", "decode", "dali_decodes", "dali_transforms",
            "worker_transforms", "partial", "batches", "samples", "cpu_path_samples", "reason")
 COMPACT = ("loader", "dataset", "proxied", "device", "batches", "samples", "decode", "reason")
 WIDTH = 100  # the compact table's cells wrap to stay within this many characters

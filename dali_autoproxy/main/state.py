@@ -12,7 +12,7 @@ import torch
 from dali_autoproxy.config import Options, logger
 from dali_autoproxy.main.decision import Decision
 from dali_autoproxy.plan.planning import Plan
-from dali_autoproxy.transport import ENCODED, ProxyBatch
+from dali_autoproxy.transport import ENCODED, SHARED, ProxyBatch
 
 RunnerKey = Tuple[str, str]  # (plan key, input kind)
 
@@ -27,7 +27,7 @@ class LoaderState:
             "loader": next(_ids), "dataset": type(loader.dataset).__name__,
             "batch_size": loader.batch_size, "num_workers": loader.num_workers,
             "proxied": False, "reason": "not iterated yet", "decode": "-", "decode_on_dali": False,
-            "decoded_on_dali": 0,
+            "decoded_on_dali": 0, "dali_decodes": 0,  # images DALI made / JPEG decodes (views share one)
             "decoded_in_worker": {}, "worker_transforms": [], "dali_transforms": [], "device": "torchvision",
             "output": "cpu", "batches": 0, "samples": 0, "cpu_path_samples": 0, "partial": None,
             "iterated": False,  # report() lists the loaders a loop iterated (accelerate rebuilds the others)
@@ -104,19 +104,27 @@ class LoaderState:
             parts += [f"worker {100 * n / total:.0f}% ({why})" for why, n in rec["decoded_in_worker"].items()]
             rec["decode"] = "; ".join(parts)
 
-    def take_runner(self, plan: Plan, kind: str, batch_size: int, device: str, ahead: int,
+    def count_decodes(self, units: list) -> None:
+        """The JPEG decodes DALI ran for one batch: one per row of an encoded group, one per
+        image of a SharedGroup however many views it makes."""
+        self.record["dali_decodes"] += sum(len(u.members[0].indices) for u in units if u.kind in (ENCODED, SHARED))
+
+    def take_runner(self, key: str, kind: str, batch_size: int, device: str, ahead: int,
                     hw_decoder_load: float):
+        """An idle runner for plan ``key`` (kind ``shared``: the views' keys joined by "+"), or a
+        new one; KeyError where a plan was never announced."""
         # DALI is optional: its back end (which imports it) loads when a first pipeline is built
         from dali_autoproxy.backends.dali.runner import DaliRunner
+        plans = [self.plans[k] for k in key.split("+")] if kind == SHARED else self.plans[key]
         with self.lock:
-            pool = self.idle_runners[(plan.key, kind)]
+            pool = self.idle_runners[(key, kind)]
             while pool:
                 runner = pool.pop()
                 if (runner.batch_size, runner.ahead, runner.hw_decoder_load) == (batch_size, ahead, hw_decoder_load):
                     runner.drain()
                     return runner
         device_id = torch.cuda.current_device() if device == "gpu" else None
-        return DaliRunner(plan, kind, batch_size, device, device_id, ahead=ahead, hw_decoder_load=hw_decoder_load)
+        return DaliRunner(plans, kind, batch_size, device, device_id, ahead=ahead, hw_decoder_load=hw_decoder_load)
 
     def give_back(self, runners: Dict[RunnerKey, Any]) -> None:
         with self.lock:

@@ -23,7 +23,9 @@ the batches after (logged once per worker).
 """
 from __future__ import annotations
 
+import contextlib
 import random
+import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -32,7 +34,7 @@ from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 
 from dali_autoproxy.config import logger
-from dali_autoproxy.transport import ProxyBatch, ProxyCollated, ProxyGroup, ProxySample, Slot
+from dali_autoproxy.transport import ENCODED, ProxyBatch, ProxyCollated, ProxyGroup, ProxySample, Slot
 from dali_autoproxy.tree import Path, flatten, map_leaves, unflatten
 
 
@@ -91,7 +93,8 @@ class CollateInMain:
                             "runs in the main process, and if it draws random numbers after that point the "
                             "next batches' draws may differ from plain torchvision's",
                             getattr(self.user_collate, "__name__", self.user_collate), type(exc).__name__, exc)
-        batches = [collate_proxy_samples(positions[p]) for p in order]
+        with packing_once():
+            batches = [collate_proxy_samples(positions[p]) for p in order]
         return ProxyCollated(skeleton, batches, rng)
 
 
@@ -121,10 +124,11 @@ class DefaultCollate:
     samples at one place (default_collate picks its handler from the first sample only)."""
 
     def __call__(self, data: List[Any]) -> Any:
-        try:
-            return default_collate(data)
-        except TypeError:
-            return default_collate(mixed_to_samples(data))
+        with packing_once():
+            try:
+                return default_collate(data)
+            except TypeError:
+                return default_collate(mixed_to_samples(data))
 
 
 # ----------------------------------------------------------------------------- packing
@@ -136,15 +140,45 @@ def _uint8_buffer(nbytes: int) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
+class _Packed(threading.local):
+    """The encoded payloads packed so far in the collate call in progress, by the sources of
+    their rows: a later position whose rows are the same JPEGs in the same order (another view
+    of each image) takes the same shared-memory tensor, so the bytes travel, and are decoded,
+    once. Only inside ``packing_once()``: buffer ids are unique only while one batch is alive."""
+    memo: Optional[Dict[tuple, Tuple[torch.Tensor, np.ndarray]]] = None
+
+
+_packed = _Packed()
+
+
+@contextlib.contextmanager
+def packing_once():
+    """Around one batch's collate: positions holding the same images share their payload."""
+    outer, _packed.memo = _packed.memo, {}
+    try:
+        yield
+    finally:
+        _packed.memo = outer
+
+
 def _pack(key: str, kind: str, indices: List[int], samples: List[ProxySample]) -> ProxyGroup:
     payloads = [s.payload for s in samples]
-    sizes = np.fromiter((p.nbytes for p in payloads), dtype=np.int64, count=len(payloads))
-    offsets = np.zeros(len(payloads) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    buf = _uint8_buffer(int(offsets[-1]))
-    flat = buf.numpy()
-    for p, start, end in zip(payloads, offsets[:-1], offsets[1:]):
-        flat[start:end] = p.reshape(-1)
+    memo = _packed.memo
+    sources = None
+    if memo is not None and kind == ENCODED and all(s.source is not None for s in samples):
+        sources = tuple((s.source, p.nbytes) for s, p in zip(samples, payloads))
+    if sources is not None and sources in memo:
+        buf, offsets = memo[sources]
+    else:
+        sizes = np.fromiter((p.nbytes for p in payloads), dtype=np.int64, count=len(payloads))
+        offsets = np.zeros(len(payloads) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        buf = _uint8_buffer(int(offsets[-1]))
+        flat = buf.numpy()
+        for p, start, end in zip(payloads, offsets[:-1], offsets[1:]):
+            flat[start:end] = p.reshape(-1)
+        if sources is not None:
+            memo[sources] = (buf, offsets)
     shapes = None
     if payloads and payloads[0].ndim == 3:
         shapes = np.array([p.shape for p in payloads], dtype=np.int64)

@@ -166,13 +166,20 @@ def _untouched_jpeg_bytes(img: Any) -> Optional[bytes]:
     decodes them as Pillow would; None otherwise."""
     if type(img) is not JpegImageFile or img._im is not None or img.decoderconfig or img.mode not in ("RGB", "L"):
         return None
+    data = img.__dict__.get(_BYTES_READ)
+    if data is not None and img.fp is not None and not getattr(img.fp, "closed", False):
+        return data  # read for another view of the same image: the same bytes, decoded once
     data = _read_all(img.fp)
     if data is None:
         return None
     found = dali_decodable(data)
     if found is None or found[0] != img.mode or found[1:] != img.size:
         return None
+    img.__dict__[_BYTES_READ] = data
     return data
+
+
+_BYTES_READ = "_dali_autoproxy_jpeg"  # where a JpegImageFile keeps the bytes read from it
 
 
 JpegImageFile = JpegImagePlugin.JpegImageFile

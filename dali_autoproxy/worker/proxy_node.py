@@ -134,7 +134,7 @@ class ProxyNode:
         data, _, path = img.jpeg
         dtype = torch.uint8 if plan.state.dtype == "uint8" else torch.float32
         return ProxySample(plan.key, ENCODED, np.frombuffer(data, dtype=np.uint8), params, path, plan=plan,
-                           shape=shape, dtype=dtype)
+                           shape=shape, dtype=dtype, source=id(data))
 
     def _as_written(self, img: Any) -> Any:
         """The chain as written, its tensor marked with why (for the report)."""
@@ -162,7 +162,7 @@ class ProxyNode:
                 data, (width, height), path = enc
                 params, shape = self.plan.draw_sample(height, width)
                 return ProxySample(self.key, ENCODED, np.frombuffer(data, dtype=np.uint8), params, path,
-                                   plan=self.announce, shape=shape, dtype=self.dtype)
+                                   plan=self.announce, shape=shape, dtype=self.dtype, source=id(data))
             why = _why_decoded_here(img) if isinstance(img, Image.Image) else WHY_CPU
         else:
             why = WHY_PREFIX

@@ -71,8 +71,9 @@ class Lowering:
     Each op is lowered by its kernel in DALI_KERNELS: ``kernel(lowering, op, img) -> img``."""
 
     def __init__(self, plan: Plan, input_kind: str, device: str,
-                 hw_decoder_load: float = Options.hw_decoder_load):
+                 hw_decoder_load: float = Options.hw_decoder_load, prefix: str = ""):
         self.plan = plan
+        self.prefix = prefix  # of its inputs' names: a pipeline with a branch per view names each apart
         self.hw_decoder_load = hw_decoder_load  # the GPU's hardware JPEG decoder's share
         self.device = device  # "gpu" or "cpu"
         self.input_kind = input_kind  # "encoded" (JPEG bytes) or "raw" (HWC uint8 pixels)
@@ -91,37 +92,48 @@ class Lowering:
         image, so it must sit on the image's device."""
         from nvidia.dali import fn, types
         dali_type = types.INT32 if dtype == np.int32 else types.FLOAT
-        name = f"{type(op).__name__}.{first}@{op.slot}"  # the input's name: op, value, where in the row
+        name = f"{self.prefix}{type(op).__name__}.{first}@{op.slot}"  # op, value, where in the row
         self.feeds.append((name, op.col(first), width, dtype))
         node = fn.external_source(name=name, device="cpu", dtype=dali_type)
         return node.gpu() if operand and self.device == "gpu" else node
 
-    def graph(self):
-        from nvidia.dali import fn, types
+    def _decode_options(self) -> dict:
+        from nvidia.dali import types
+        decode_device = "mixed" if self.device == "gpu" else "cpu"
+        # jpeg_fancy_upsampling: the GPU decoder upsamples chroma as libjpeg-turbo (Pillow) does
+        common = dict(device=decode_device, output_type=types.RGB, adjust_orientation=False,
+                      jpeg_fancy_upsampling=True)
+        if decode_device == "mixed":
+            common["hw_decoder_load"] = self.hw_decoder_load
+        return common
+
+    def decode_whole(self, data):
+        """Every JPEG of the batch decoded whole, as Pillow decodes it."""
+        from nvidia.dali import fn
+        return fn.decoders.image(data, **self._decode_options())
+
+    def graph(self, decoded=None):
+        """The plan's DALI graph from its ``data`` input, or from ``decoded`` images (the whole
+        JPEG decoded once for several views: see ``shared_graph``)."""
+        from nvidia.dali import fn
         ops = list(self.ops)
-        encoded = self.input_kind == "encoded"
-        # no_copy: DALI reads the workers' shared memory in place (DaliRunner keeps it alive)
-        data = fn.external_source(name="data", device="cpu", dtype=types.UINT8, no_copy=True,
-                                  layout=None if encoded else "HWC")
-        if encoded:
-            decode_device = "mixed" if self.device == "gpu" else "cpu"
-            common = dict(device=decode_device, output_type=types.RGB, adjust_orientation=False)
-            if decode_device == "mixed":
-                common["hw_decoder_load"] = self.hw_decoder_load
+        if decoded is not None:
+            img = decoded
+        elif self.input_kind == "encoded":
+            data = input_data(encoded=True)
             first = ops[0] if ops else None
-            # jpeg_fancy_upsampling: the GPU decoder upsamples chroma as libjpeg-turbo (Pillow) does.
-            # A region decode can do that at full speed only with nvJPEG 13.2+ (nvjpeg.py);
-            # elsewhere the whole image is decoded and the crop (a DALI op) follows
+            # A region decode can upsample chroma as libjpeg at full speed only with nvJPEG 13.2+
+            # (nvjpeg.py); elsewhere the whole image is decoded and the crop (a DALI op) follows
             region = self.device == "cpu" or region_decode_like_libjpeg()
             if type(first) is Crop and first.in_bounds and region:  # region-of-interest decode
                 ops.pop(0)
                 anchor = self.param(first, "top", 2, np.int32)
                 shape = self.param(first, "height", 2, np.int32)
-                img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", jpeg_fancy_upsampling=True,
-                                              **common)
+                img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", **self._decode_options())
             else:
-                img = fn.decoders.image(data, jpeg_fancy_upsampling=True, **common)
+                img = self.decode_whole(data)
         else:
+            data = input_data(encoded=False)
             img = data.gpu() if self.device == "gpu" else data
 
         erases: List[object] = []
@@ -156,6 +168,22 @@ class Lowering:
             kwargs.update(dtype=types.UINT8)
         layout = "CHW" if state.kind == "tensor" else "HWC"
         return fn.crop_mirror_normalize(img, output_layout=layout, **kwargs)
+
+
+def input_data(encoded: bool):
+    """The pipeline's one image input, ``data``: JPEG files, or HWC pixels."""
+    from nvidia.dali import fn, types
+    # no_copy: DALI reads the workers' shared memory in place (DaliRunner keeps it alive)
+    return fn.external_source(name="data", device="cpu", dtype=types.UINT8, no_copy=True,
+                              layout=None if encoded else "HWC")
+
+
+def shared_graph(lowerings: Sequence[Lowering]) -> list:
+    """One output per view: each JPEG of the batch decoded once, whole, and every view's plan
+    lowered from that decode (its first crop a DALI slice of it). A multi-view recipe's ten
+    crops of one image then cost one decode instead of ten region decodes."""
+    decoded = lowerings[0].decode_whole(input_data(encoded=True))
+    return [lw.graph(decoded=decoded) for lw in lowerings]
 
 
 # ----------------------------------------------------------------------------- DALI kernels

@@ -1,8 +1,9 @@
 """Running one DALI pipeline per (plan, input kind) in the main process: batches go in with
 ``submit`` and come out, in order, with ``collect``; one thread per pipeline touches it, as
-DALI's own proxy server does. Its lifetime: the loader's state keeps idle runners between
-epochs and closes them when the loader goes (``close()``); a forked worker never tears down a
-pipeline it inherited.
+DALI's own proxy server does. The views a multi-view recipe makes of one image (input kind
+``shared``) run as one pipeline of several plans: each JPEG decoded once, a branch per view. Its
+lifetime: the loader's state keeps idle runners between epochs and closes them when the loader
+goes (``close()``); a forked worker never tears down a pipeline it inherited.
 """
 from __future__ import annotations
 
@@ -12,17 +13,17 @@ import os
 import queue
 import threading
 import weakref
-from typing import List, Optional, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 from torch.cuda import nvtx
 
-from dali_autoproxy.backends.dali.lowering import Lowering
+from dali_autoproxy.backends.dali.lowering import Lowering, shared_graph
 from dali_autoproxy.backends.torch_stage import TorchStage
 from dali_autoproxy.backends.torch_stage.tensor_policies import release_grids
 from dali_autoproxy.config import Options
 from dali_autoproxy.plan.planning import Plan
-from dali_autoproxy.transport import ProxyGroup
+from dali_autoproxy.transport import ENCODED, SHARED, ProxyGroup, SharedGroup
 
 STALL_LIMIT_S = 600.0  # no output for this long (or the loader's timeout=) means DALI is stuck
 CLOSE_WAIT_S = 10.0  # a pipeline's thread gets this long to finish its batch when the pipeline goes
@@ -56,7 +57,7 @@ class _Batch:
     waits for its result."""
     __slots__ = ("group", "stream", "done", "delivered", "ok", "value", "requested", "cancelled")
 
-    def __init__(self, group: ProxyGroup, stream) -> None:
+    def __init__(self, group: Union[ProxyGroup, SharedGroup], stream) -> None:
         self.group, self.stream = group, stream
         self.done, self.delivered, self.ok, self.value = threading.Event(), threading.Event(), False, None
         self.requested = self.cancelled = False
@@ -105,9 +106,10 @@ class _PipelineThread:
     marked with NVTX ranges (feed, DALI outputs, torch stage), as DALI's proxy marks its own, so an
     Nsight Systems profile shows where a batch's time goes."""
 
-    def __init__(self, inputs: _Inputs, feeds, stage: Optional[TorchStage], device_id: Optional[int]) -> None:
+    def __init__(self, inputs: _Inputs, feeds: list, stages: List[Optional[TorchStage]],
+                 device_id: Optional[int], views: bool) -> None:
         self._commands: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._run = (inputs, feeds, stage, device_id)
+        self._run = (inputs, feeds, stages, device_id, views)  # feeds and stages: one per branch
         self._thread = threading.Thread(target=self._loop, daemon=True, name="dali_autoproxy-pipeline")
         self._thread.start()
 
@@ -132,7 +134,7 @@ class _PipelineThread:
             inputs.close()
 
     def _serve(self) -> None:
-        inputs, feeds, stage, device_id = self._run
+        inputs, feeds, stages, device_id, views = self._run
         del self._run
         if device_id is not None:
             torch.cuda.set_device(device_id)
@@ -160,36 +162,38 @@ class _PipelineThread:
                 else:
                     with torch.cuda.stream(batch.stream) if batch.stream is not None else contextlib.nullcontext():
                         with nvtx.range("dali_autoproxy DALI outputs"):
-                            out = _outputs(inputs)
+                            outs = _outputs(inputs)
                         batch.delivered.set()
                         with nvtx.range("dali_autoproxy torch stage"):
-                            result = stage(out, batch.group.params) if stage is not None else out
-                        batch.succeed(result)
-                        del out, result
+                            result = [stage(out, member.params) if stage is not None else out
+                                      for out, stage, member in zip(outs, stages, batch.group.members)]
+                        batch.succeed(result if views else result[0])
+                        del outs, result
             except BaseException as exc:  # handed to the loader, which rebuilds the pipeline
                 batch.fail(exc)
             del batch
 
 
-def _feed(inputs: _Inputs, feeds, group: ProxyGroup) -> None:
+def _feed(inputs: _Inputs, feeds: list, group: Union[ProxyGroup, SharedGroup]) -> None:
     pipe = inputs.pipe
     pipe.feed_input("data", group.payload_views())
-    inputs.payloads.append(group.payload)  # until its output is out, whoever drops the group
-    params = group.params
-    for name, column, width, dtype in feeds:
-        col = params[:, column:column + width].astype(dtype, copy=True)
-        pipe.feed_input(name, col.reshape(-1) if width == 1 else col)
+    inputs.payloads.append(group.members[0].payload)  # until its output is out, whoever drops the group
+    for member, branch_feeds in zip(group.members, feeds):
+        params = member.params
+        for name, column, width, dtype in branch_feeds:
+            col = params[:, column:column + width].astype(dtype, copy=True)
+            pipe.feed_input(name, col.reshape(-1) if width == 1 else col)
     # DALI's own proxy drives the pipeline this way: one scheduled run per fed batch.
     pipe._run_once()
 
 
-def _outputs(inputs: _Inputs) -> Union[torch.Tensor, List[torch.Tensor]]:
-    """DALI's next output as torch tensors (one batch, or one per sample when sizes differ)."""
-    (out,) = inputs.pipe.outputs()
+def _outputs(inputs: _Inputs) -> List[Union[torch.Tensor, List[torch.Tensor]]]:
+    """DALI's next outputs (one per branch) as torch tensors: one batch, or one per sample when
+    sizes differ."""
+    outs = inputs.pipe.outputs()
     inputs.payloads.popleft()  # DALI is done reading it
-    if out.is_dense_tensor():
-        return torch.from_dlpack(out.as_tensor())
-    return [torch.from_dlpack(out[i]) for i in range(len(out))]
+    return [torch.from_dlpack(out.as_tensor()) if out.is_dense_tensor()
+            else [torch.from_dlpack(out[i]) for i in range(len(out))] for out in outs]
 
 
 def _release_memory_if_idle() -> None:
@@ -211,12 +215,15 @@ def default_num_threads(device: str) -> int:
 
 class DaliRunner:
     """One DALI pipeline for one plan and input kind: batches go in with submit(), come out in
-    FIFO order with collect(). Only its thread touches the pipeline once built."""
+    FIFO order with collect(). Only its thread touches the pipeline once built. Input kind
+    ``shared``: ``plan`` is the views' plans, a batch is a SharedGroup, and collect() returns
+    one output per view."""
 
-    def __init__(self, plan: Plan, input_kind: str, batch_size: int, device: str, device_id: Optional[int],
-                 num_threads: Optional[int] = None, ahead: int = 2,
+    def __init__(self, plan: Union[Plan, Sequence[Plan]], input_kind: str, batch_size: int, device: str,
+                 device_id: Optional[int], num_threads: Optional[int] = None, ahead: int = 2,
                  hw_decoder_load: float = Options.hw_decoder_load):
-        self.plan = plan
+        self.plans = list(plan) if input_kind == SHARED else [plan]
+        self.plan = self.plans[0]
         self.input_kind = input_kind
         self.batch_size = batch_size
         self.device = device
@@ -233,18 +240,23 @@ class DaliRunner:
 
     def _build(self) -> None:
         from nvidia.dali import Pipeline
-        self.lowering = Lowering(self.plan, self.input_kind, self.device, self.hw_decoder_load)
+        views = self.input_kind == SHARED
+        kind = ENCODED if views else self.input_kind
+        self.lowerings = [Lowering(plan, kind, self.device, self.hw_decoder_load, prefix=f"view{k}." if views else "")
+                          for k, plan in enumerate(self.plans)]
+        self.lowering = self.lowerings[0]
         pipe = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
                         device_id=self.device_id if self.device == "gpu" else None,
                         prefetch_queue_depth=self.prefetch, exec_dynamic=True)
         with pipe:
-            pipe.set_outputs(self.lowering.graph())
+            pipe.set_outputs(*(shared_graph(self.lowerings) if views else [self.lowering.graph()]))
         pipe.build()
         _live_pipelines.add(pipe)
         self._pipe = weakref.ref(pipe)  # the thread owns the pipeline (_Inputs); the runner only looks
         self._batches.clear()
-        self._thread = _PipelineThread(_Inputs(pipe), self.lowering.feeds, self.lowering.torch_stage,
-                                       self.device_id if self.device == "gpu" else None)
+        self._thread = _PipelineThread(_Inputs(pipe), [lw.feeds for lw in self.lowerings],
+                                       [lw.torch_stage for lw in self.lowerings],
+                                       self.device_id if self.device == "gpu" else None, views)
         # a runner dropped without close() still ends its thread (the finalizer holds the thread, not
         # the runner); not at interpreter exit, where the daemon thread simply stops
         self._finalizer = weakref.finalize(self, self._thread.close, CLOSE_WAIT_S)
@@ -278,7 +290,7 @@ class DaliRunner:
         self._stop_thread()
         self._build()
 
-    def submit(self, group: ProxyGroup) -> None:
+    def submit(self, group: Union[ProxyGroup, SharedGroup]) -> None:
         """Queue one batch: fed and run at once on the pipeline's thread, and collected there
         ahead of the loader once ``ahead`` batches are fed behind it."""
         stream = torch.cuda.current_stream() if self.device == "gpu" else None  # the loop's
