@@ -124,6 +124,21 @@ class ProxyBatch:
                 f"cpu={len(self.done_indices)})")
 
 
+class Unrouted:
+    """A worker's batch in which no chain call was taken (its own, untouched), with why: the
+    calls the chains received that are not taken over (a joint image-and-target call, say)."""
+    __slots__ = ("batch", "why")
+
+    def __init__(self, batch: Any, why: Dict[str, int]):
+        self.batch, self.why = batch, why
+
+    def pin_memory(self) -> "Unrouted":
+        """What the loader's pin thread calls: the batch pinned as it would have been."""
+        from torch.utils.data._utils.pin_memory import pin_memory
+        self.batch = pin_memory(self.batch)
+        return self
+
+
 class Slot:
     """Where a proxied image goes back: row ``row`` of the ``batch``-th ProxyBatch."""
     __slots__ = ("batch", "row")

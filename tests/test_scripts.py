@@ -188,4 +188,50 @@ def test_segmentation_pairs_with_a_joint_transform_stay_identical(photo_root):
     out = load_all(JointPairs(photo_root, joint), autoproxy=True, seed=3, shuffle=True)
     assert all(torch.equal(u, v) for a, b in zip(ref, out) for u, v in zip(a, b))
     rep = last_report()
-    assert rep["samples"] == 0 and "no recognised chain was called with one image" in rep["reason"], rep
+    assert rep["samples"] == 0 and not rep["proxied"] and rep["dali_transforms"] == [], rep
+    assert rep["reason"] == ("no sample reached DALI: joint image-and-target transform (v2.Compose called "
+                             "with PIL image): not taken over yet"), rep
+
+
+class Detection(torch.utils.data.Dataset):
+    """Detection-style samples: the image and its boxes and labels through one v2 chain."""
+
+    def __init__(self, root, transforms):
+        self.samples = torchvision.datasets.ImageFolder(root).samples
+        self.transforms = transforms
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        from torchvision import tv_tensors
+        img = Image.open(self.samples[i][0]).convert("RGB")
+        w, h = img.size
+        boxes = tv_tensors.BoundingBoxes([[1, 2, w // 2, h // 2], [w // 4, h // 4, w - 1, h - 1]], format="XYXY",
+                                         canvas_size=(h, w))
+        return self.transforms(img, {"boxes": boxes, "labels": torch.tensor([1, 2]), "image_id": i})
+
+
+def _detection_collate(batch):
+    return tuple(zip(*batch))
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_detection_targets_through_a_joint_chain_are_plains_and_the_report_says_why(photo_root, sanitize):
+    """Without a target-only step the chain is planned and the workers find it called with the
+    image and its targets; with one (SanitizeBoundingBoxes), planning says so before any worker."""
+    chain = v2.Compose([v2.RandomHorizontalFlip(), v2.RandomZoomOut(p=0.5), v2.PILToTensor()]
+                       + [v2.SanitizeBoundingBoxes()] * sanitize)
+    runs = [load_all(Detection(photo_root, chain), autoproxy=p, seed=4, collate_fn=_detection_collate)
+            for p in (False, True)]
+    for (xa, ta), (xb, tb) in zip(*runs):
+        assert all(torch.equal(u, v) for u, v in zip(xa, xb))
+        assert all(torch.equal(u["boxes"], v["boxes"]) and torch.equal(u["labels"], v["labels"])
+                   and u["image_id"] == v["image_id"] for u, v in zip(ta, tb))
+    rep = last_report()
+    assert not rep["proxied"] and rep["decode"] == "-" and rep["dali_transforms"] == [], rep
+    why = ("joint image-and-target transform (v2.SanitizeBoundingBoxes works on its targets)" if sanitize else
+           "no sample reached DALI: joint image-and-target transform (v2.Compose called with PIL image, "
+           "BoundingBoxes, tensor): not taken over yet")
+    assert why in rep["reason"], rep

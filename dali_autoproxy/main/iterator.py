@@ -24,7 +24,16 @@ from dali_autoproxy.main.cpu_fallback import replay_group
 from dali_autoproxy.main.decision import Decision, chain_names, decide, max_batch_size
 from dali_autoproxy.main.state import LoaderState, RunnerKey, output_device
 from dali_autoproxy.plan.settings import SETTINGS
-from dali_autoproxy.transport import ENCODED, RAW, SHARED, ProxyBatch, ProxyCollated, ProxyGroup, SharedGroup
+from dali_autoproxy.transport import (
+    ENCODED,
+    RAW,
+    SHARED,
+    ProxyBatch,
+    ProxyCollated,
+    ProxyGroup,
+    SharedGroup,
+    Unrouted,
+)
 from dali_autoproxy.tree import batch_length
 from dali_autoproxy.worker.chains import ChainRouter
 from dali_autoproxy.worker.collate import CollateInMain, DefaultCollate
@@ -232,6 +241,9 @@ class ProxiedIterator(wrapt.ObjectProxy):
             return _InFlight(error=_without_frames(exc))
         index = self._self_count
         self._self_count += 1
+        if type(batch) is Unrouted:  # the chains were called, none taken: say why, hand it on as it is
+            self._self_state.passed_over(batch.why)
+            batch = batch.batch
         proxies = find_proxy_batches(batch)
         units = pipeline_units(proxies, self._self_share)
         for unit in units:
@@ -265,9 +277,9 @@ class ProxiedIterator(wrapt.ObjectProxy):
             rec = self._self_state.record
             rec["batches"] += 1
             if not entry.proxies and not rec["samples"]:
-                rec["reason"] = NOTHING_ROUTED
-            elif entry.proxies and rec["reason"] == NOTHING_ROUTED:
-                rec["reason"] = None
+                self._self_state.nothing_reached_dali(NOTHING_ROUTED)
+            elif entry.proxies and not rec["samples"]:
+                self._self_state.reached_dali()
             self._self_state.count_decodes(entry.units)
             for pb in entry.proxies:
                 rec["samples"] += pb.size

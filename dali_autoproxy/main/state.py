@@ -30,6 +30,7 @@ class LoaderState:
             "decoded_on_dali": 0, "dali_decodes": 0,  # images DALI made / JPEG decodes (views share one)
             "decoded_in_worker": {}, "worker_transforms": [], "dali_transforms": [], "device": "torchvision",
             "output": "cpu", "batches": 0, "samples": 0, "cpu_path_samples": 0, "partial": None,
+            "passed_over": {},  # chain calls the workers did not take over, by why
             "iterated": False,  # report() lists the loaders a loop iterated (accelerate rebuilds the others)
         }
         self.idle_runners: Dict[RunnerKey, list] = collections.defaultdict(list)
@@ -103,6 +104,30 @@ class LoaderState:
             parts = [f"DALI {100 * rec['decoded_on_dali'] / total:.0f}%"] if rec["decoded_on_dali"] else []
             parts += [f"worker {100 * n / total:.0f}% ({why})" for why, n in rec["decoded_in_worker"].items()]
             rec["decode"] = "; ".join(parts)
+
+    def passed_over(self, why: Dict[str, int]) -> None:
+        """Chain calls a worker did not take over (joint image-and-target calls), by why."""
+        seen = self.record["passed_over"]
+        for reason, n in why.items():
+            seen[reason] = seen.get(reason, 0) + n
+
+    def nothing_reached_dali(self, generic: str) -> None:
+        """A batch came and no sample of this loader has reached DALI: not proxied, and why
+        (the workers' reason where they gave one). Logged once."""
+        rec = self.record
+        seen = rec["passed_over"]
+        reason = f"no sample reached DALI: {max(seen, key=seen.get)}" if seen else generic
+        if rec["proxied"] or rec["reason"] != reason:
+            logger.warning("DataLoader #%d (%s): %s; the batches are plain torchvision's", rec["loader"],
+                           rec["dataset"], reason)
+        rec["proxied"], rec["reason"], rec["dali_transforms"] = False, reason, []
+
+    def reached_dali(self) -> None:
+        """The first batch with samples for DALI, after batches without any."""
+        rec = self.record
+        if not rec["proxied"] and rec["device"] != "torchvision":
+            rec["proxied"], rec["reason"] = True, None
+            self._describe_plans()
 
     def count_decodes(self, units: list) -> None:
         """The JPEG decodes DALI ran for one batch: one per row of an encoded group, one per

@@ -286,11 +286,25 @@ def _ends_as_pil(prefix: List[Any]) -> bool:
     return state.kind == "pil"
 
 
+@functools.lru_cache(maxsize=None)
+def _target_transforms() -> frozenset:
+    """v2 transforms that only make sense on an image's targets (boxes, keypoints): a chain holding
+    one is called with the image and its targets together."""
+    import torchvision.transforms.v2 as v2
+    names = ("SanitizeBoundingBoxes", "ConvertBoundingBoxFormat", "ClampBoundingBoxes", "ClampKeyPoints",
+             "SanitizeKeyPoints")
+    return frozenset(getattr(v2, n) for n in names if hasattr(v2, n))
+
+
 def build_plan(transform: Any) -> Plan:
     """Translate a transform chain; where a step cannot be translated, offload the longest
     tail that can (partial offload: the worker runs the rest, and decodes); raise
     Unsupported with the first reason when no tail worth moving remains."""
     flat = flatten(transform)
+    joint = next((t for t in flat if type(t) in _target_transforms()), None)
+    if joint is not None:
+        raise Unsupported(f"joint image-and-target transform ({transform_name(joint)} works on its targets): "
+                          "not taken over yet")
     try:
         return _translate(flat)
     except Unsupported as exc:

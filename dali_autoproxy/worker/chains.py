@@ -22,11 +22,14 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
+from PIL import Image
 
 from dali_autoproxy.config import logger
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.planning import ENDS_AS_PIL, build_head_plan, build_plan
-from dali_autoproxy.transport import ProxySample
+from dali_autoproxy.plan.translate.registry import transform_name
+from dali_autoproxy.transport import ProxySample, Unrouted
+from dali_autoproxy.tree import flatten
 from dali_autoproxy.worker.deferred import defer_convert
 from dali_autoproxy.worker.handover import HeadNode
 from dali_autoproxy.worker.proxy_node import ProxyNode
@@ -43,6 +46,14 @@ class ChainRouter:
         self.known = set(known_keys)
         self.nodes: Dict[int, Tuple[Any, Optional[Any]]] = {}  # a ProxyNode, a HeadNode or None
         self.produced: List[int] = []  # ids of chains that made ProxySamples during this fetch
+        self.passed_over: Dict[str, int] = {}  # calls not taken over since the last batch, by why
+        self.taken = 0  # calls that made a ProxySample since the last batch
+
+    def batch_done(self, batch: Any) -> Any:
+        """The collated batch, as an :class:`Unrouted` carrying why where no call was taken."""
+        why, taken = self.passed_over, self.taken
+        self.passed_over, self.taken = {}, 0
+        return Unrouted(batch, why) if why and not taken else batch
 
     def node_for(self, chain: Any) -> Optional[Any]:
         entry = self.nodes.get(id(chain))
@@ -82,11 +93,39 @@ def _head_node(chain: Any) -> Optional[HeadNode]:
         return None
 
 
+def _joint_call(instance: Any, args: tuple, kwargs: dict) -> Optional[str]:
+    """Why a chain's call is not taken over when it is a joint one (an image with its targets:
+    several arguments, or one structure); None for a call with one image (or anything else)."""
+    if len(args) == 1 and not kwargs and not isinstance(args[0], (tuple, list, dict)):
+        return None
+    leaves = flatten((args, kwargs))[0]
+    if not any(isinstance(x, Image.Image) or type(x).__name__ == "Image" for x in leaves):
+        return None
+    kinds = list(dict.fromkeys(_kind(x) for x in leaves if not isinstance(x, (str, int, float))))
+    called = f"{transform_name(instance)} called with {', '.join(kinds)}"
+    return f"joint image-and-target transform ({called}): not taken over yet"
+
+
+def _kind(x: Any) -> str:
+    if isinstance(x, Image.Image):
+        return "PIL image"
+    return "tensor" if type(x) is torch.Tensor else type(x).__name__
+
+
 def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """wrapt wrapper of a chain class's entry point (``__call__``, or ``forward`` of a module)."""
     router = local.router
-    if router is None or local.depth or kwargs or len(args) != 1:
+    if router is None or local.depth:
         return wrapped(*args, **kwargs)
+    joint = _joint_call(instance, args, kwargs)
+    if joint is not None or kwargs or len(args) != 1:
+        if joint is not None:
+            router.passed_over[joint] = router.passed_over.get(joint, 0) + 1
+        local.depth += 1  # the chain's own calls inside are not taken either
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            local.depth -= 1
     node = router.node_for(instance)
     local.depth += 1
     try:
@@ -95,6 +134,7 @@ def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
         out = node(args[0])
         if isinstance(out, ProxySample) and out.done is None:
             router.produced.append(id(instance))
+            router.taken += 1
         return out
     finally:
         local.depth -= 1

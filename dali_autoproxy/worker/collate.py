@@ -36,6 +36,7 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 from dali_autoproxy.config import logger
 from dali_autoproxy.transport import ENCODED, ProxyBatch, ProxyCollated, ProxyGroup, ProxySample, Slot
 from dali_autoproxy.tree import Path, flatten, map_leaves, unflatten
+from dali_autoproxy.worker.routing import local
 
 
 def _is_proxy(x: Any) -> bool:
@@ -82,7 +83,7 @@ class CollateInMain:
             return Slot(order.index(path), len(positions[path]) - 1)
         skeleton = [map_leaves(sample, collect, _is_proxy) for sample in samples]
         if not positions:  # nothing proxied in this batch: the user's collate, as plain
-            return self.user_collate([map_leaves(sample, _standin, _is_proxy) for sample in samples])
+            return _done(self.user_collate([map_leaves(sample, _standin, _is_proxy) for sample in samples]))
         try:
             self.user_collate([map_leaves(sample, _standin, _is_proxy) for sample in samples])
         except Exception as exc:  # it reads pixel values: the real call in the main process stays
@@ -95,7 +96,7 @@ class CollateInMain:
                             getattr(self.user_collate, "__name__", self.user_collate), type(exc).__name__, exc)
         with packing_once():
             batches = [collate_proxy_samples(positions[p]) for p in order]
-        return ProxyCollated(skeleton, batches, rng)
+        return _done(ProxyCollated(skeleton, batches, rng))
 
 
 def mixed_to_samples(data: List[Any]) -> List[Any]:
@@ -126,9 +127,16 @@ class DefaultCollate:
     def __call__(self, data: List[Any]) -> Any:
         with packing_once():
             try:
-                return default_collate(data)
+                return _done(default_collate(data))
             except TypeError:
-                return default_collate(mixed_to_samples(data))
+                return _done(default_collate(mixed_to_samples(data)))
+
+
+def _done(batch: Any) -> Any:
+    """The batch as it leaves the worker: marked :class:`Unrouted` (with why) where the chains
+    were called but no call was taken (``ChainRouter.batch_done``)."""
+    router = local.router
+    return router.batch_done(batch) if router is not None else batch
 
 
 # ----------------------------------------------------------------------------- packing
