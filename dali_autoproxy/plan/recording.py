@@ -13,8 +13,11 @@ through the hooks in ``PILLOW_HOOKS``, which the workers install; torchvision's 
 calls on PIL images (flips, brightness, contrast, saturation, sharpness, solarize, posterize,
 invert, autocontrast, equalize) reach the recorded Pillow calls by themselves.
 
+``crop`` and ``resize`` (Pillow's NEAREST, BILINEAR, BICUBIC, BOX, of the whole image) change the
+recording image's size and are recorded as ops of their own (``GEOMETRY_CALLS``), so a class
+written with ``TF.resize`` / ``TF.crop`` / ``TF.resized_crop`` records too.
 Anything that needs the pixels (``load()``, ``im``, ``np.asarray``, ``tobytes``, ``getpixel``,
-``crop``, ``resize``, ``paste``, an unknown method...) raises :class:`NeedsPixels`: the worker
+``paste``, ``resize(box=...)``, an unknown method...) raises :class:`NeedsPixels`: the worker
 then restores the random generators, plans the chain again with that class in the worker and
 runs the sample that way (exactly plain), and the report names the class and the call.
 """
@@ -32,7 +35,13 @@ from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS
 
-Call = Tuple[str, float, float, float]  # (PILLOW_CALLS name, a, b, c)
+Call = Tuple[Any, ...]  # (PILLOW_CALLS name, a, b, c), or a size change: GEOMETRY_CALLS
+# calls that change the size, recorded as their own ops (ir.Crop, ir.PillowResize):
+#   ("crop", top, left, height, width): Image.crop, outside the image zeros as Pillow's
+#   ("resize", height, width, filter): Image.resize of the whole image with Pillow's filter 0, 2, 3 or 4
+GEOMETRY_CALLS = ("crop", "resize")
+RESIZE_FILTERS = (Image.Resampling.NEAREST, Image.Resampling.BILINEAR, Image.Resampling.BICUBIC,
+                  Image.Resampling.BOX)  # what ir.PillowResize computes exactly
 
 MAX_CALLS = 16  # calls one transform may record per sample; more: it runs in the worker
 
@@ -42,11 +51,14 @@ class NeedsPixels(BaseException):
     that the user's ``except Exception`` does not swallow it and change what the code does."""
 
     def __init__(self, what: str, where: Optional[str] = None, calls: Optional[int] = None,
-                 transform: Optional[type] = None):
+                 transform: Optional[type] = None, shape: Optional["CallShape"] = None,
+                 instance: Any = None):
         super().__init__(what if where is None else f"{what} at {where}")
         self.what, self.where = what, where
         self.calls = calls          # set when the transform only made more calls than were planned
         self.transform = transform  # the recorded transform's type (set by its drawer)
+        self.shape = shape          # set when its calls need another shape of plan (size changes)
+        self.instance = instance    # the recorded transform itself, with ``shape``
 
 
 class _Recording(threading.local):
@@ -116,6 +128,9 @@ class RecordingImage(Image.Image):
     def _same(self, mode: Optional[str] = None) -> "RecordingImage":
         return RecordingImage(self._size, mode or self._mode, self.calls)
 
+    def _sized(self, size: Tuple[int, int], call: Call) -> "RecordingImage":
+        return RecordingImage(size, self._mode, self.calls + (call,))
+
     # ----------------------------------------------------------------- no pixels here
     @property
     def im(self) -> Any:
@@ -179,6 +194,34 @@ class RecordingImage(Image.Image):
         if call is None:
             raise _needs_pixels()
         return self._same() if call[0] == "none" else self.then(*call)
+
+    def crop(self, box: Any = None) -> Image.Image:
+        if box is None or box == (0, 0, *self.size):
+            return self._same()
+        try:
+            x0, y0, x1, y1 = map(int, map(round, box))
+        except (TypeError, ValueError):
+            raise _needs_pixels() from None
+        if not (box[2] >= box[0] and box[3] >= box[1]) or x1 == x0 or y1 == y0:
+            raise _needs_pixels()  # Pillow's error, or an empty image: as plain runs it
+        return self._sized((x1 - x0, y1 - y0), ("crop", y0, x0, y1 - y0, x1 - x0))
+
+    def resize(self, size: Any, resample: Any = None, box: Any = None, reducing_gap: Any = None) -> Image.Image:
+        resample = Image.Resampling.BICUBIC if resample is None else resample
+        try:
+            width, height = (int(v) for v in size)
+            exact = (width, height) == tuple(size) and width > 0 and height > 0
+        except (TypeError, ValueError):
+            exact = False
+        whole = box is None or tuple(box) == (0, 0, *self.size)
+        if not (exact and whole and resample in RESIZE_FILTERS) or (reducing_gap is not None and reducing_gap < 1):
+            raise _needs_pixels()  # box=, another filter, an odd size: as Pillow does it, in the worker
+        if (width, height) == self.size:
+            return self._same()
+        if reducing_gap is not None and resample != Image.Resampling.NEAREST and (
+                int(self.width / width / reducing_gap) > 1 or int(self.height / height / reducing_gap) > 1):
+            raise _needs_pixels()  # Pillow reduces first: not recorded
+        return self._sized((width, height), ("resize", height, width, int(resample)))
 
     def transpose(self, method: Any) -> Image.Image:
         if method == Image.Transpose.FLIP_LEFT_RIGHT:
@@ -279,3 +322,5 @@ PILLOW_HOOKS = [(ImageOps, "equalize", _equalize), (ImageOps, "autocontrast", _a
 # what planning knows of transforms that were recorded (process-wide; each worker learns its own)
 PIXEL_READERS: Dict[type, str] = {}   # transform type: the call that needed pixels (it runs in the worker)
 CALL_WIDTHS: Dict[type, int] = {}     # transform type: recorded calls planned per sample (grows)
+CallShape = Tuple[Tuple[str, ...], Tuple[int, ...]]  # the size changes in order, and calls planned around them
+CALL_SHAPES: Dict[int, Tuple[Any, CallShape]] = {}  # id(transform): (the transform, its shape) once it changed sizes

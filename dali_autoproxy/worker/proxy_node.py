@@ -22,7 +22,7 @@ from PIL import Image
 from dali_autoproxy.config import logger
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.planning import Plan, build_joined_plan, build_plan
-from dali_autoproxy.plan.recording import CALL_WIDTHS, MAX_CALLS, PIXEL_READERS, NeedsPixels
+from dali_autoproxy.plan.recording import CALL_SHAPES, CALL_WIDTHS, MAX_CALLS, PIXEL_READERS, NeedsPixels
 from dali_autoproxy.plan.steps import SampleGeometry
 from dali_autoproxy.plan.translate import flatten
 from dali_autoproxy.transport import (
@@ -40,6 +40,7 @@ from dali_autoproxy.worker.deferred import NOT_DEFERRED, DeferredJpeg, encoded_j
 from dali_autoproxy.worker.handover import HandedImage
 
 MAX_REPLANS = 8  # plans tried for one sample before its chain runs as the last one says
+MAX_SIZE_CHANGES = 8  # crops and resizes planned for one recorded transform; more: it runs in the worker
 
 
 def _why_decoded_here(img: Any) -> str:
@@ -55,6 +56,8 @@ def _learn(exc: NeedsPixels) -> None:
     more calls than planned (plan more), or it needs pixels (it runs in the worker)."""
     if exc.calls is not None and exc.calls <= MAX_CALLS:
         CALL_WIDTHS[exc.transform] = min(MAX_CALLS, max(exc.calls, 2 * CALL_WIDTHS.get(exc.transform, 1)))
+    elif exc.shape is not None and len(exc.shape[0]) <= MAX_SIZE_CHANGES:
+        CALL_SHAPES[id(exc.instance)] = (exc.instance, exc.shape)  # the instance kept: its id stays its own
     else:
         PIXEL_READERS[exc.transform] = str(exc)
         logger.info("dali_autoproxy: %s; it runs in the worker", exc)

@@ -5,16 +5,30 @@ where the chain holds an RGB PIL image: a user's class, a function in a Compose,
 transform whose arguments have no translation. The step's drawer runs the transform itself, in
 the worker, on a :class:`~dali_autoproxy.plan.recording.RecordingImage` of the sample's size;
 the Pillow calls it made become ``PillowCall`` ops with the arguments it passed (a few positions
-per transform: ``CALL_WIDTHS``, grown when a sample records more). Where it needs pixels, or
-returns anything but the recording image of the same size and mode, the drawer raises
-``NeedsPixels`` and the worker plans the chain again with this transform in the worker.
+per transform: ``CALL_WIDTHS``, grown when a sample records more), its crops and resizes
+``Crop`` and ``PillowResize`` ops (the plan's shape, ``CALL_SHAPES``, learnt from the first
+sample that makes them; a sample that does not make one gets its neutral values). Where it
+needs pixels, or returns anything but an RGB recording image, the drawer raises
+``NeedsPixels`` and the worker plans the chain again with this transform in the worker (or,
+where it made size changes or more calls than planned, with a plan of that shape).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Tuple
 
+from dali_autoproxy.plan.ir import Crop, PillowResize
 from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall
-from dali_autoproxy.plan.recording import CALL_WIDTHS, PIXEL_READERS, NeedsPixels, RecordingImage, recording
+from dali_autoproxy.plan.recording import (
+    CALL_SHAPES,
+    CALL_WIDTHS,
+    GEOMETRY_CALLS,
+    MAX_CALLS,
+    PIXEL_READERS,
+    CallShape,
+    NeedsPixels,
+    RecordingImage,
+    recording,
+)
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.registry import compose_types, transform_name
@@ -33,12 +47,91 @@ def cannot_record(t: object, state: ChainState) -> Optional[str]:
     return PIXEL_READERS.get(type(t))
 
 
+def planned_shape(t: object) -> CallShape:
+    """The size changes ``t`` is planned with, in order, and the Pillow calls planned before,
+    between and after them: what it recorded before (``CALL_SHAPES``), else none and
+    ``CALL_WIDTHS`` calls."""
+    known = CALL_SHAPES.get(id(t))
+    if known is not None and known[0] is t:
+        return known[1]
+    return (), (CALL_WIDTHS.get(type(t), DEFAULT_CALLS),)
+
+
+def split_calls(calls) -> Tuple[Tuple[str, ...], List[list], List[tuple]]:
+    """A sample's recorded calls as its size changes and the runs of size-keeping calls around them."""
+    tokens, runs, changes = [], [[]], []
+    for call in calls:
+        if call[0] in GEOMETRY_CALLS:
+            tokens.append(call[0])
+            changes.append(call)
+            runs.append([])
+        else:
+            runs[-1].append(call)
+    return tuple(tokens), runs, changes
+
+
+def fit(shape: CallShape, tokens: Tuple[str, ...], runs: List[list]) -> Optional[Tuple[List[Optional[int]], dict]]:
+    """Where a sample's calls go in the planned shape: its size changes matched in order to the
+    planned ones (a planned one left unmatched is neutral), each run of calls to the planned run
+    before its next size change. None where they do not fit."""
+    planned, widths = shape
+    match: List[Optional[int]] = []
+    j = 0
+    for token in planned:
+        if j < len(tokens) and tokens[j] == token:
+            match.append(j)
+            j += 1
+        else:
+            match.append(None)
+    if j < len(tokens):
+        return None
+    placed = {0: runs[0]}
+    for k, m in enumerate(match):
+        if m is not None:
+            placed[k + 1] = runs[m + 1]
+    if any(len(calls) > widths[r] for r, calls in placed.items()):
+        return None
+    return match, placed
+
+
+def grown(shape: CallShape, tokens: Tuple[str, ...], runs: List[list]) -> CallShape:
+    """A shape that fits this sample's calls too: its runs widened where its size changes fit in
+    order, else its size changes planned after the planned ones, every later run as wide as the
+    widest."""
+    planned, widths = shape
+    if planned == tokens:
+        return planned, tuple(min(MAX_CALLS, max(w, len(r))) for w, r in zip(widths, runs))
+    relaxed = fit((planned, (MAX_CALLS,) * (len(planned) + 1)), tokens, runs)
+    if relaxed is not None:
+        placed = relaxed[1]
+        return planned, tuple(min(MAX_CALLS, max(w, len(placed.get(r, ())))) for r, w in enumerate(widths))
+    if not planned:  # its first size changes: calls before them as many as it made (a call planned
+        # there, on images of every size, would keep the crop from DALI), room for more after
+        return tokens, (len(runs[0]),) + tuple(min(MAX_CALLS, max(len(r), DEFAULT_CALLS)) for r in runs[1:])
+    merged = planned + tokens
+    most = max([len(r) for r in runs] + list(widths))
+    return merged, (widths[0],) + tuple([min(MAX_CALLS, most)] * len(merged))
+
+
 def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
-    """The Step of a transform recorded per sample: its PillowCall positions and the drawer that
-    calls it with a recording image (the image's size and mode are unchanged by it). ``refused``:
-    why it has no translation, said again where it turns out to need pixels."""
-    width = CALL_WIDTHS.get(type(t), DEFAULT_CALLS)
-    ops = [PillowCall(alloc(PillowCall)) for _ in range(width)]
+    """The Step of a transform recorded per sample: its PillowCall positions, the size changes it
+    makes (``ir.Crop``, ``ir.PillowResize``) and the drawer that calls it with a recording image.
+    ``refused``: why it has no translation, said again where it turns out to need pixels."""
+    shape = planned_shape(t)
+    tokens, widths = shape
+    ops: list = []
+    runs: List[List[PillowCall]] = []
+    changes: list = []
+    for r, width in enumerate(widths):
+        runs.append([PillowCall(alloc(PillowCall)) for _ in range(width)])
+        ops += runs[-1]
+        if r < len(tokens):
+            change = (Crop(alloc(Crop), in_bounds=False, fill=(0.0,)) if tokens[r] == "crop"
+                      else PillowResize(alloc(PillowResize)))
+            changes.append(change)
+            ops.append(change)
+    if tokens:
+        state.fixed_size = None  # each sample's size is its own
     name, kind = transform_name(t), type(t)
     said = f"{refused}; recorded, " if refused else f"{name} "
     none = PillowCall.neutral
@@ -54,17 +147,36 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
             raise NeedsPixels(f"{said}raised {type(exc).__name__} on a recording image", transform=kind) from None
         finally:
             recording.active -= 1
-        if type(out) is not RecordingImage or out.size != img.size or out.mode != "RGB":
+        if type(out) is not RecordingImage or out.mode != "RGB":
             made = type(out).__name__ if type(out) is not RecordingImage else f"a {out.mode} image of {out.size}"
-            raise NeedsPixels(f"{said}returned {made}, not an RGB image of its input's size", transform=kind)
-        calls = out.calls
-        if len(calls) > width:
-            raise NeedsPixels(f"{name} made {len(calls)} Pillow calls, {width} planned", calls=len(calls),
-                              transform=kind)
-        for k, op in enumerate(ops):
-            if k < len(calls):
-                call, a, b, c = calls[k]
-                g.put(op, CALL_CODE[call], a, b, c)
-            else:
-                g.put(op, *none)
-    return Step(name, ops, draw, neutral=list(none) * width, note=refused or f"{name} has no DALI translation")
+            raise NeedsPixels(f"{said}returned {made}, not an RGB image it recorded", transform=kind)
+        made, sample_runs, sample_changes = split_calls(out.calls)
+        placed = fit(shape, made, sample_runs)
+        if placed is None:
+            total = sum(len(r) for r in sample_runs)
+            raise NeedsPixels(f"{name} made {total} Pillow calls and size changes {list(made)}, planned "
+                              f"{sum(widths)} and {list(tokens)}", calls=total if not made and not tokens else None,
+                              transform=kind, shape=grown(shape, made, sample_runs), instance=t)
+        match, calls_at = placed
+        height, width = int(g.height), int(g.width)
+        for r, run in enumerate(runs):
+            calls = calls_at.get(r, ())
+            for k, op in enumerate(run):
+                if k < len(calls):
+                    call, a, b, c = (tuple(calls[k]) + (0.0, 0.0, 0.0))[:4]
+                    g.put(op, CALL_CODE[call], a, b, c)
+                else:
+                    g.put(op, *none)
+            if r < len(changes):
+                op, m = changes[r], match[r]
+                change = sample_changes[m] if m is not None else None
+                if type(op) is Crop:
+                    top, left, h, w = change[1:] if change is not None else (0, 0, height, width)
+                    g.put(op, top=top, left=left, height=h, width=w)
+                else:
+                    h, w, kind_ = change[1:] if change is not None else (height, width, 2)
+                    g.put(op, in_height=height, in_width=width, out_height=h, out_width=w, filter=kind_)
+                height, width = int(h), int(w)
+        g.height, g.width = height, width
+    neutral = list(none) * sum(widths) if not tokens else None
+    return Step(name, ops, draw, neutral=neutral, note=refused or f"{name} has no DALI translation")

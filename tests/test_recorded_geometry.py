@@ -1,0 +1,142 @@
+"""Recorded size changes: a user's class that crops and resizes (with Pillow's methods or
+torchvision's functional API on PIL images) runs on DALI's side, every pixel equal to plain's
+(real DataLoader workers, DALI's CPU backend, photographs); what Pillow would do differently
+(``box=``, a filter without an exact kernel, ``reducing_gap`` that reduces first) needs pixels
+and runs in the worker, exactly plain."""
+import random
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.functional as TF
+import torchvision.transforms.v2.functional as F2
+from helpers import image_folder, last_report, load_all
+from PIL import Image, ImageFilter
+
+from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, recording
+
+
+class UserClass:
+    """A few-line class of a user's, drawing with Python's random as such code does."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, img):
+        return self.fn(img)
+
+
+def _patch(img):
+    w, h = img.size
+    x, y = random.randint(0, w - 50), random.randint(0, h - 40)
+    img = img.crop((x, y, x + 50, y + 40))
+    if random.random() < 0.5:
+        img = img.filter(ImageFilter.GaussianBlur(random.uniform(0.1, 2)))
+    return img.resize((48, 48), random.choice([Image.NEAREST, Image.BILINEAR, Image.BICUBIC, Image.BOX]))
+
+
+GEOMETRY = {
+    "crop_in_bounds": lambda img: img.crop((5, 7, 69, 55)),
+    "crop_past_the_edges": lambda img: img.crop((img.width - 50, -4, img.width + 9, 50)),
+    "crop_float_box": lambda img: img.crop((3.4, 2.6, 60.5, 41.49)),
+    "resize_default_bicubic": lambda img: img.resize((130, 70)),
+    "resize_each_filter": lambda img: img.resize((45, 37), random.choice([0, 2, 3, 4])),
+    "resize_reducing_gap_no_reduction": lambda img: img.resize((80, 57), Image.BILINEAR, reducing_gap=8.0),
+    "tf_resize_center_crop": lambda img: TF.center_crop(TF.resize(img, 80), 64),
+    "tf_resized_crop": lambda img: TF.resized_crop(img, random.randint(0, 20), random.randint(0, 30), 60, 70,
+                                                   [48, 40]),
+    "v2_resized_crop_nearest": lambda img: F2.resized_crop(img, 10, 12, 50, 61, [33, 29],
+                                                           interpolation=T.InterpolationMode.NEAREST),
+    "crop_blur_resize": _patch,
+}
+
+
+def _epochs(ds, **kw):
+    runs = []
+    for proxied in (False, True):
+        random.seed(11)
+        np.random.seed(11)
+        runs.append(load_all(ds, autoproxy=proxied, seed=2, **kw))
+    return runs
+
+
+@pytest.mark.parametrize("name", sorted(GEOMETRY))
+def test_a_users_crops_and_resizes_run_on_dali_equal_to_plain(photo_root, name):
+    ds = image_folder(photo_root, T.Compose([UserClass(GEOMETRY[name]), T.RandomHorizontalFlip(), T.PILToTensor()]))
+    ref, out = _epochs(ds)
+    assert len(ref) == len(out)
+    for (xa, ya), (xb, yb) in zip(ref, out):
+        assert torch.equal(ya, yb) and xa.shape == xb.shape
+        assert torch.equal(xa, xb), int((xa.int() - xb.int()).abs().max())
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
+
+
+def test_size_changes_after_a_torchvision_crop_and_before_normalize(photo_root):
+    """After RandomResizedCrop (DALI's crop, the exact resize) and before ToTensor/Normalize."""
+    chain = T.Compose([T.RandomResizedCrop(96), UserClass(_patch), T.ToTensor(), T.Normalize([0.5] * 3, [0.25] * 3)])
+    ref, out = _epochs(image_folder(photo_root, chain), resize="pillow")
+    for (xa, _), (xb, _) in zip(ref, out):
+        assert float((xa - xb).abs().max()) < 1e-5  # the same uint8 image, normalised in float32
+    assert last_report()["decode"] == "DALI 100%"
+
+
+def _record(fn, size=(96, 64)):
+    recording.active += 1
+    try:
+        return fn(RecordingImage(size, "RGB"))
+    finally:
+        recording.active -= 1
+
+
+def test_recorded_sizes_are_pillows():
+    for fn in list(GEOMETRY.values())[:-1]:
+        random.seed(3)
+        got = _record(fn)
+        random.seed(3)
+        want = fn(Image.new("RGB", (96, 64)))
+        assert got.size == want.size and got.mode == want.mode
+
+
+@pytest.mark.parametrize("call", [
+    lambda img: img.resize((40, 30), box=(0, 0, 50, 40)),
+    lambda img: img.resize((40, 30), Image.LANCZOS),
+    lambda img: img.resize((40, 30), Image.HAMMING),
+    lambda img: img.resize((20, 15), Image.BILINEAR, reducing_gap=1.5),
+    lambda img: img.resize((20.5, 15)),
+    lambda img: img.crop((10, 10, 10, 20)),
+    lambda img: img.crop((30, 10, 20, 20)),
+], ids=["box", "lanczos", "hamming", "reducing_gap", "float_size", "empty_crop", "reversed_crop"])
+def test_what_pillow_does_otherwise_needs_pixels(call):
+    with pytest.raises(NeedsPixels):
+        _record(call)
+
+
+@pytest.mark.parametrize("name", ["box", "reversed"])
+def test_a_class_whose_size_change_needs_pixels_is_plains(photo_root, name):
+    """resize(box=...) runs in the worker with the rest of the class; a reversed crop box raises
+    Pillow's own ValueError, as plain."""
+    fn = {"box": lambda img: img.resize((40, 30), box=(1, 2, 50, 40)),
+          "reversed": lambda img: img.crop((30, 10, 20, 20))}[name]
+    ds = image_folder(photo_root, T.Compose([UserClass(fn), T.PILToTensor()]))
+    if name == "reversed":
+        for proxied in (False, True):
+            with pytest.raises(ValueError, match="Coordinate 'right' is less than 'left'"):
+                load_all(ds, autoproxy=proxied)
+        return
+    ref, out = _epochs(ds)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(ref, out))
+    rep = last_report()
+    assert "worker" in rep["decode"] and "UserClass" in str(rep["worker_transforms"] or rep["decode"]), rep
+
+
+def test_a_size_change_inside_random_apply(photo_root):
+    """RandomApply around a class that crops and resizes back: applied to some samples only, the
+    others pass; the whole RandomApply is recorded (its coin drawn as plain draws it)."""
+    zoom = UserClass(lambda img: img.crop((8, 8, 88, 88)).resize((96, 96), Image.BILINEAR))
+    chain = T.Compose([T.RandomResizedCrop(96), T.RandomApply([zoom], p=0.5), T.PILToTensor()])
+    ref, out = _epochs(image_folder(photo_root, chain), resize="pillow")
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(ref, out))
+    rep = last_report()
+    assert rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
