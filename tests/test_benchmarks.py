@@ -126,23 +126,23 @@ class _Timed(torch.utils.data.Dataset):
 
 
 def test_the_timing_window_excludes_the_queued_work():
-    """A loader whose batches cost a known time, with a queue 8 batches deep filled before the loop
+    """A loader whose batches cost a known time, with a queue 16 batches deep filled before the loop
     starts: the steady-state window [w, B - w) measures that cost; timing from an early batch to the
     end counts the queued batches as free and reads faster (so this test can fail)."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from loader_benchmark import consume
-    per_sample, batch, workers, batches = 0.02, 2, 2, 40
+    per_sample, batch, workers, batches = 0.02, 2, 2, 80
     true_per_batch = per_sample * batch / workers  # two workers make batches side by side
 
     def measured(warmup: int, total: int) -> float:
         loader = torch.utils.data.DataLoader(_Timed(batch * batches, per_sample), batch_size=batch,
-                                             num_workers=workers, prefetch_factor=4)
+                                             num_workers=workers, prefetch_factor=8)
         it = iter(loader)
-        time.sleep(1.0)  # the queue (workers x prefetch_factor = 8 batches) fills before the loop runs
+        time.sleep(1.5)  # the queue (workers x prefetch_factor = 16 batches) fills before the loop runs
         n, seconds = consume(it, "cpu", warmup, total)
         del it
         return seconds / (n / batch)
-    steady = measured(10, batches)
+    steady = measured(17, batches)
     naive = measured(1, 0)
     assert 0.85 * true_per_batch < steady < 1.3 * true_per_batch, (steady, true_per_batch)
     assert naive < 0.9 * steady, (naive, steady)

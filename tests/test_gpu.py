@@ -298,3 +298,21 @@ def test_gpu_views_of_one_image_decode_it_once(photo_root):
         assert all(x[k].is_cuda for x, _ in out)
         compare([(x[k], y) for x, y in ref], [(x[k].cpu(), y) for x, y in out], normalized=False,
                 mae_max=GPU_MAE, psnr_min=GPU_PSNR)
+
+
+def test_gpu_recorded_size_changes(photo_root):
+    """The CPU twin is test_recorded_geometry.py: a user's crop, blur and resize (Pillow's
+    methods and torchvision's functional API) on the GPU, within the GPU bound of plain's."""
+    import random
+
+    from test_recorded_geometry import GEOMETRY, UserClass
+    for name in ("tf_resize_center_crop", "crop_blur_resize", "crop_past_the_edges"):
+        ds = image_folder(photo_root, torchvision.transforms.Compose([UserClass(GEOMETRY[name]),
+                                                                      torchvision.transforms.PILToTensor()]))
+        random.seed(5)
+        ref = load_all(ds, autoproxy=False, seed=5)
+        random.seed(5)
+        out = load_all(ds, autoproxy=True, device="gpu", seed=5)
+        rep = last_report()
+        assert rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], (name, rep)
+        compare(ref, [(x.cpu(), y) for x, y in out], normalized=False, mae_max=GPU_MAE, psnr_min=GPU_PSNR)
