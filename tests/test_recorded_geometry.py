@@ -140,3 +140,47 @@ def test_a_size_change_inside_random_apply(photo_root):
     assert all(torch.equal(a[0], b[0]) for a, b in zip(ref, out))
     rep = last_report()
     assert rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
+
+
+# ----------------------------------------------------------------------------- the dataset's own code
+class ResizingDataset(torch.utils.data.Dataset):
+    """``__getitem__`` opens the file, crops or resizes it with Pillow, then calls the chain."""
+
+    def __init__(self, root, transform, before):
+        import torchvision
+        self.samples = torchvision.datasets.ImageFolder(root).samples
+        self.transform, self.before = transform, before
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, label = self.samples[i]
+        img = self.before(Image.open(path).convert("RGB"))
+        return self.transform(img), label
+
+
+BEFORE = {
+    "resize_256": lambda img: img.resize((256, 256)),
+    "crop_then_resize": lambda img: img.crop((10.4, 5, img.width - 3, img.height - 20)).resize((200, 150),
+                                                                                               Image.BILINEAR),
+    "random_size": lambda img: img.resize((random.choice([120, 130]), 110), Image.BOX),
+    "reads_its_pixels": lambda img: Image.fromarray(np.asarray(img.resize((128, 96))) // 2),
+    "resize_with_box": lambda img: img.resize((128, 96), box=(4, 4, 100, 90)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BEFORE))
+def test_a_datasets_own_crop_and_resize_before_the_chain(photo_root, name):
+    """Kept on the encoded JPEG and run on DALI's side before the chain (decode on DALI), every
+    pixel plain's; where the dataset reads the pixels, or Pillow would compute it otherwise, the
+    image decodes in the worker, as plain."""
+    chain = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.PILToTensor()])
+    ref, out = _epochs(ResizingDataset(photo_root, chain, BEFORE[name]), resize="pillow")
+    for (xa, ya), (xb, yb) in zip(ref, out):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    rep = last_report()
+    on_dali = name not in ("reads_its_pixels", "resize_with_box")
+    assert (rep["decode"] == "DALI 100%") == on_dali, rep
+    if on_dali:
+        assert rep["dali_transforms"][:2] == ["decode", "DatasetResize"], rep

@@ -146,6 +146,80 @@ class DeferredJpeg(LazyPixels):
             return self.copy()  # what Pillow returns for a conversion to the same mode
         return super().convert(mode, *args, **kwargs)
 
+    def crop(self, *args: Any, **kwargs: Any) -> Image.Image:
+        return _resized(self, self, (), "crop", args, kwargs) or super().crop(*args, **kwargs)
+
+    def resize(self, *args: Any, **kwargs: Any) -> Image.Image:
+        return _resized(self, self, (), "resize", args, kwargs) or super().resize(*args, **kwargs)
+
+
+class ResizedJpeg(LazyPixels):
+    """A still-encoded JPEG that the dataset's own code cropped or resized before a chain
+    (``img.resize((256, 256))`` in ``__getitem__``): its size as Pillow gives it, the calls kept
+    (``calls``: Pillow's methods and arguments, ``recorded``: as a recording image records
+    them). A chain that takes it sends the JPEG to DALI with those calls as the first ops
+    (``worker/proxy_node.py``); anything that touches its pixels gets Pillow's: the JPEG decoded
+    and the calls made, as written."""
+
+    def __init__(self, source: DeferredJpeg, calls: tuple, recorded: tuple, size: Tuple[int, int]) -> None:
+        super().__init__()
+        self._mode = "RGB"
+        self._size = size
+        self.info = dict(source.info)
+        self.source, self.calls, self.recorded = source, calls, recorded
+
+    @property
+    def deferred(self) -> bool:
+        return self._im is None and self.source.deferred
+
+    def _make_pixels(self) -> None:
+        img: Image.Image = self.source.copy()
+        img.load()
+        for method, args, kwargs in self.calls:
+            img = getattr(Image.Image, method)(img, *args, **kwargs)  # Pillow's own, on real pixels
+        self._im, self._size = img.im, img.size
+
+    def copy(self) -> Image.Image:
+        if self._im is None:
+            return ResizedJpeg(self.source, self.calls, self.recorded, self.size)
+        return super().copy()
+
+    def convert(self, mode: Optional[str] = None, *args: Any, **kwargs: Any) -> Image.Image:
+        if self._im is None and mode == "RGB" and not args and not kwargs:
+            return self.copy()
+        return super().convert(mode, *args, **kwargs)
+
+    def crop(self, *args: Any, **kwargs: Any) -> Image.Image:
+        return (self._im is None and _resized(self, self.source, self.calls, "crop", args, kwargs)
+                or super().crop(*args, **kwargs))
+
+    def resize(self, *args: Any, **kwargs: Any) -> Image.Image:
+        return (self._im is None and _resized(self, self.source, self.calls, "resize", args, kwargs)
+                or super().resize(*args, **kwargs))
+
+
+MAX_KEPT_CALLS = 4  # crops and resizes kept on an encoded JPEG; more: it decodes
+
+
+def _resized(img: Image.Image, source: DeferredJpeg, calls: tuple, method: str, args: tuple,
+             kwargs: dict) -> Optional[Image.Image]:
+    """``img.<method>(*args, **kwargs)`` kept on the encoded JPEG where a recording image records
+    it as Pillow would compute it (None: Pillow decodes and does it, as always)."""
+    from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, recording
+    if not source.deferred or len(calls) >= MAX_KEPT_CALLS:
+        return None
+    before = RecordingImage(img.size, "RGB", getattr(img, "recorded", ()))
+    recording.active += 1
+    try:
+        after = getattr(before, method)(*args, **kwargs)
+    except (NeedsPixels, Exception):  # Pillow's own call decides (and raises where it raises)
+        return None
+    finally:
+        recording.active -= 1
+    if after.calls == before.calls:
+        return None  # nothing to keep (a copy): Pillow's own
+    return ResizedJpeg(source, calls + ((method, args, kwargs),), after.calls, after.size)
+
 
 def _read_all(fp: Any) -> Optional[bytes]:
     """The whole stream Pillow opened (it always starts at 0), leaving its position alone."""

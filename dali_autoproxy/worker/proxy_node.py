@@ -36,10 +36,11 @@ from dali_autoproxy.transport import (
     ProxySample,
 )
 from dali_autoproxy.worker.collate import rng_states, set_rng_states
-from dali_autoproxy.worker.deferred import NOT_DEFERRED, DeferredJpeg, encoded_jpeg
+from dali_autoproxy.worker.deferred import NOT_DEFERRED, DeferredJpeg, ResizedJpeg, encoded_jpeg
 from dali_autoproxy.worker.handover import HandedImage
 
 MAX_REPLANS = 8  # plans tried for one sample before its chain runs as the last one says
+_UNPLANNED = object()  # a plan not made yet
 MAX_SIZE_CHANGES = 8  # crops and resizes planned for one recorded transform; more: it runs in the worker
 
 
@@ -61,6 +62,26 @@ def _learn(exc: NeedsPixels) -> None:
     else:
         PIXEL_READERS[exc.transform] = str(exc)
         logger.info("dali_autoproxy: %s; it runs in the worker", exc)
+
+
+class DatasetResize:
+    """The crops and resizes a dataset's code made on a still-encoded JPEG (``ResizedJpeg``),
+    made again on the recording image a plan's drawer passes: a recorded step at the head of the
+    chain that takes the image. ``calls`` is set per sample."""
+
+    def __init__(self) -> None:
+        self.calls: tuple = ()
+
+    def __call__(self, img: Any) -> Any:
+        for method, args, kwargs in self.calls:
+            img = getattr(img, method)(*args, **kwargs)
+        return img
+
+    @staticmethod
+    def chain(kept: "DatasetResize", chain: Any) -> Any:
+        """What to plan: the kept calls, then the chain's own transforms."""
+        import torchvision.transforms as T
+        return T.Compose([kept] + flatten(chain))
 
 
 def _join(head: Any, head_plan: Plan, tail: Any) -> Optional[Plan]:
@@ -86,6 +107,8 @@ class ProxyNode:
 
     def _use(self, plan: Plan, original: Any, announce: bool) -> None:
         self.joined: Dict[int, Tuple[Any, Optional[Plan]]] = {}  # head chain id: (head, joined plan)
+        self.kept: Optional[DatasetResize] = None  # the dataset's own crops and resizes, replayed (_resized)
+        self.kept_plan: Any = _UNPLANNED
         self.plan: Optional[Plan] = plan
         self.plain_reason = WHY_RECORDING
         self.key = plan.key
@@ -99,6 +122,10 @@ class ProxyNode:
     def __call__(self, img: Any) -> Any:
         if type(img) is HandedImage and img.handed:
             out = self._joined(img)
+            if out is not None:
+                return out
+        if type(img) is ResizedJpeg and img.deferred:
+            out = self._resized(img)
             if out is not None:
                 return out
         for _ in range(MAX_REPLANS):
@@ -138,6 +165,39 @@ class ProxyNode:
         dtype = torch.uint8 if plan.state.dtype == "uint8" else torch.float32
         return ProxySample(plan.key, ENCODED, np.frombuffer(data, dtype=np.uint8), params, path, plan=plan,
                            shape=shape, dtype=dtype, source=id(data))
+
+    def _resized(self, img: ResizedJpeg) -> Optional[ProxySample]:
+        """The JPEG of an image the dataset's code cropped or resized, under the plan of those
+        calls (replayed on a recording image, ``DatasetResize``) followed by this chain (None: no
+        such plan; the image then gets its pixels)."""
+        if self.kept is None:  # planned with the first image's calls: a crop or resize, no call around it
+            self.kept = DatasetResize()
+            tokens = tuple(call[0] for call in img.recorded)
+            CALL_SHAPES[id(self.kept)] = (self.kept, (tokens, (0,) * (len(tokens) + 1)))
+        for _ in range(MAX_REPLANS):
+            if self.kept_plan is _UNPLANNED:
+                try:
+                    self.kept_plan = build_plan(DatasetResize.chain(self.kept, self.original))
+                except Unsupported:
+                    self.kept_plan = None
+            plan = self.kept_plan
+            if plan is None or plan.worker_prefix:
+                return None
+            self.kept.calls = img.calls
+            states = rng_states()
+            width, height = img.source.size
+            try:
+                params, shape = plan.draw_sample(height, width)
+            except NeedsPixels as exc:
+                set_rng_states(states)
+                _learn(exc)
+                self.kept_plan = _UNPLANNED  # planned again, knowing more
+                continue
+            data, path = img.source.data, img.source.path
+            dtype = torch.uint8 if plan.state.dtype == "uint8" else torch.float32
+            return ProxySample(plan.key, ENCODED, np.frombuffer(data, dtype=np.uint8), params, path, plan=plan,
+                               shape=shape, dtype=dtype, source=id(data))
+        return None
 
     def _as_written(self, img: Any) -> Any:
         """The chain as written, its tensor marked with why (for the report)."""

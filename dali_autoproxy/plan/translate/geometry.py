@@ -15,6 +15,7 @@ from torchvision.transforms import InterpolationMode
 
 from dali_autoproxy.plan.ir import PILLOW_FILTERS, Crop, Flip, PillowResize, Resize, Unsupported
 from dali_autoproxy.plan.steps import ChainState, SampleGeometry, Step
+from dali_autoproxy.plan.translate.crop_draws import log_ratio, resized_crop_box
 from dali_autoproxy.plan.translate.registry import coin_drawer, register, transform_name, v2_params
 
 
@@ -117,6 +118,9 @@ def resized_output_size(height: int, width: int, size, max_size: Optional[int]) 
 
 
 
+_V2_RRC = v2.RandomResizedCrop(8)  # whose parameter method a v2 subclass may have replaced
+
+
 @register(T.RandomResizedCrop, v2.RandomResizedCrop)
 def random_resized_crop(t, state: ChainState, alloc) -> Step:
     out_h, out_w = _size_pair(t.size)
@@ -124,17 +128,19 @@ def random_resized_crop(t, state: ChainState, alloc) -> Step:
     if kind is None:
         interp, antialias = resample_mode(t.interpolation, getattr(t, "antialias", True), state)
     slot = alloc(Crop)
-    if isinstance(t, v2.Transform):
+    v2_own = isinstance(t, v2.RandomResizedCrop) and v2_params(t).__func__ is v2_params(_V2_RRC).__func__
+    if isinstance(t, v2.Transform) and not v2_own:
         params = v2_params(t)
 
         def box(g: SampleGeometry):
             p = params([g.standin()])
             return p["top"], p["left"], p["height"], p["width"]
-    else:
+    else:  # torchvision's own draws, on reused tensors (crop_draws.py)
         scale, ratio = t.scale, t.ratio
+        logs = log_ratio(ratio)
 
         def box(g: SampleGeometry):
-            return T.RandomResizedCrop.get_params(g.standin(), scale, ratio)
+            return resized_crop_box(g.height, g.width, scale, ratio, logs)
     state.fixed_size = (out_h, out_w)
     if kind is not None:
         return exact_resize_step(transform_name(t), lambda: kind, state, alloc, (out_h, out_w), crop=box,

@@ -19,6 +19,8 @@ import inspect
 import textwrap
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
+import numpy as np
+
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.steps import ChainState, Step
 
@@ -191,11 +193,15 @@ def translate_as(t: object, equivalent: object, state: ChainState, alloc) -> Ste
 def coin_drawer(p: float):
     """The draw of every "apply with probability p" transform: one ``torch.rand(1)`` per call,
     as torchvision makes it (v1 applies when it is < p, v2 skips when it is >= p: the same
-    outcome); appends the 0/1 decision to the sample's params."""
-    import torch
+    outcome); appends the 0/1 decision to the sample's params. The draw is ``uniform_(0, 1)`` on
+    a reused tensor (what ``torch.rand`` is made of) and the comparison torch's: the float32
+    value against ``p`` rounded to float32, as a tensor compared with a Python number is."""
+    from dali_autoproxy.plan.translate.crop_draws import uniform
+
+    threshold = float(np.float32(p))
 
     def draw(g) -> None:
-        g.params.append(int(bool(torch.rand(1) < p)))  # the op's "apply", the next value in the row
+        g.params.append(int(uniform() < threshold))  # the op's "apply", the next value in the row
     return draw
 
 
