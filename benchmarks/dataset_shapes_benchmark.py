@@ -314,7 +314,7 @@ def main(argv=None):
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES + RECIPES,
                     help=f"default: the dataset shapes; the recipes: {' '.join(RECIPES)}")
     ap.add_argument("--warmup", type=int, default=None,
-                    help="batches not timed (default: as deep as autoproxy's queue, at most half the epoch; "
+                    help="batches not timed (default: as deep as autoproxy's queue, at most a third of the epoch; "
                          "see loader_benchmark.auto_warmup)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode, interleaved; the median is reported")
     ap.add_argument("--tv-repeat", type=int, default=1, help="runs of the (slow) torchvision mode")

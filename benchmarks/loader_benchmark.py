@@ -285,7 +285,7 @@ def main(argv=None):
                              "dali_native",
                              "decode_jpeg_gpu"])
     ap.add_argument("--warmup", type=int, default=None,
-                    help="batches not timed (default: the deepest queue of the modes, at most half the epoch)")
+                    help="batches not timed (default: the deepest queue of the modes, at most a third of the epoch)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode, interleaved; the median is reported")
     ap.add_argument("--tv-repeat", type=int, default=1, help="runs of the (slow) torchvision mode")
     ap.add_argument("--epochs", type=int, default=1, help="epochs per run for the DALI modes")
