@@ -49,6 +49,12 @@ GEOMETRY = {
     "v2_resized_crop_nearest": lambda img: F2.resized_crop(img, 10, 12, 50, 61, [33, 29],
                                                            interpolation=T.InterpolationMode.NEAREST),
     "crop_blur_resize": _patch,
+    "rotate_nearest": lambda img: img.crop((0, 0, 80, 60)).rotate(random.uniform(-30, 30)),
+    "rotate_bilinear_some": lambda img: (img.resize((64, 48), Image.BILINEAR) if random.random() < 0.5 else
+                                         img.resize((64, 48), Image.BILINEAR).rotate(
+                                             random.uniform(-45, 45), Image.BILINEAR, fillcolor=(9, 200, 40))),
+    "tf_rotate_affine": lambda img: TF.affine(TF.rotate(TF.center_crop(img, [70, 90]), 17.0), angle=5.0,
+                                              translate=[3, -2], scale=1.1, shear=[4.0, 0.0]),
 }
 
 
@@ -107,7 +113,13 @@ def test_recorded_sizes_are_pillows():
     lambda img: img.resize((20.5, 15)),
     lambda img: img.crop((10, 10, 10, 20)),
     lambda img: img.crop((30, 10, 20, 20)),
-], ids=["box", "lanczos", "hamming", "reducing_gap", "float_size", "empty_crop", "reversed_crop"])
+    lambda img: img.rotate(20, expand=True),
+    lambda img: img.rotate(20, Image.BICUBIC),
+    lambda img: img.rotate(20, fillcolor=128),
+    lambda img: img.transform((40, 30), Image.Transform.AFFINE, (1, 0, 0, 0, 1, 0)),
+    lambda img: img.transform((96, 64), Image.Transform.PERSPECTIVE, (1, 0, 0, 0, 1, 0, 0, 0)),
+], ids=["box", "lanczos", "hamming", "reducing_gap", "float_size", "empty_crop", "reversed_crop", "expand",
+        "bicubic_rotate", "int_fill", "affine_resizing", "perspective"])
 def test_what_pillow_does_otherwise_needs_pixels(call):
     with pytest.raises(NeedsPixels):
         _record(call)

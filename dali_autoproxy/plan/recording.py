@@ -14,8 +14,9 @@ calls on PIL images (flips, brightness, contrast, saturation, sharpness, solariz
 invert, autocontrast, equalize) reach the recorded Pillow calls by themselves.
 
 ``crop`` and ``resize`` (Pillow's NEAREST, BILINEAR, BICUBIC, BOX, of the whole image) change the
-recording image's size and are recorded as ops of their own (``GEOMETRY_CALLS``), so a class
-written with ``TF.resize`` / ``TF.crop`` / ``TF.resized_crop`` records too.
+recording image's size and, with ``transform(AFFINE)`` to the same size (``rotate``), are
+recorded as ops of their own (``GEOMETRY_CALLS``), so a class written with ``TF.resize`` /
+``TF.crop`` / ``TF.resized_crop`` / ``TF.rotate`` / ``TF.affine`` records too.
 Anything that needs the pixels (``load()``, ``im``, ``np.asarray``, ``tobytes``, ``getpixel``,
 ``paste``, ``resize(box=...)``, an unknown method...) raises :class:`NeedsPixels`: the worker
 then restores the random generators, plans the chain again with that class in the worker and
@@ -39,7 +40,14 @@ Call = Tuple[Any, ...]  # (PILLOW_CALLS name, a, b, c), or a size change: GEOMET
 # calls that change the size, recorded as their own ops (ir.Crop, ir.PillowResize):
 #   ("crop", top, left, height, width): Image.crop, outside the image zeros as Pillow's
 #   ("resize", height, width, filter): Image.resize of the whole image with Pillow's filter 0, 2, 3 or 4
-GEOMETRY_CALLS = ("crop", "resize")
+#   ("warp", fill, bilinear, a, b, c, d, e, f): Image.transform(AFFINE) to the same size (Image.rotate)
+GEOMETRY_CALLS = ("crop", "resize", "warp")
+
+
+def call_token(call: Call) -> Any:
+    """What a size change contributes to a plan's shape: its kind, and for a warp the fill and
+    the filter (fixed in its op)."""
+    return tuple(call[:3]) if call[0] == "warp" else call[0]
 RESIZE_FILTERS = (Image.Resampling.NEAREST, Image.Resampling.BILINEAR, Image.Resampling.BICUBIC,
                   Image.Resampling.BOX)  # what ir.PillowResize computes exactly
 
@@ -222,6 +230,18 @@ class RecordingImage(Image.Image):
                 int(self.width / width / reducing_gap) > 1 or int(self.height / height / reducing_gap) > 1):
             raise _needs_pixels()  # Pillow reduces first: not recorded
         return self._sized((width, height), ("resize", height, width, int(resample)))
+
+    def transform(self, size: Any, method: Any, data: Any = None, resample: Any = Image.Resampling.NEAREST,
+                  fill: int = 1, fillcolor: Any = None) -> Image.Image:
+        """Pillow's affine transform to the same size (what ``Image.rotate`` without ``expand``
+        and torchvision's ``rotate`` / ``affine`` on PIL images end in), nearest or bilinear."""
+        colour = (0, 0, 0) if fillcolor is None else fillcolor
+        if (method != Image.Transform.AFFINE or data is None or len(data) < 6 or tuple(size) != self.size
+                or resample not in (Image.Resampling.NEAREST, Image.Resampling.BILINEAR)
+                or not (isinstance(colour, tuple) and len(colour) == 3 and all(type(v) is int for v in colour))):
+            raise _needs_pixels()
+        return self._sized(self.size, ("warp", tuple(float(v) for v in colour), resample == Image.Resampling.BILINEAR)
+                           + tuple(float(v) for v in data[:6]))
 
     def transpose(self, method: Any) -> Image.Image:
         if method == Image.Transpose.FLIP_LEFT_RIGHT:

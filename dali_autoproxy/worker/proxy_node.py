@@ -22,7 +22,14 @@ from PIL import Image
 from dali_autoproxy.config import logger
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.planning import Plan, build_joined_plan, build_plan
-from dali_autoproxy.plan.recording import CALL_SHAPES, CALL_WIDTHS, MAX_CALLS, PIXEL_READERS, NeedsPixels
+from dali_autoproxy.plan.recording import (
+    CALL_SHAPES,
+    CALL_WIDTHS,
+    MAX_CALLS,
+    PIXEL_READERS,
+    NeedsPixels,
+    call_token,
+)
 from dali_autoproxy.plan.steps import SampleGeometry
 from dali_autoproxy.plan.translate import flatten
 from dali_autoproxy.transport import (
@@ -172,7 +179,7 @@ class ProxyNode:
         such plan; the image then gets its pixels)."""
         if self.kept is None:  # planned with the first image's calls: a crop or resize, no call around it
             self.kept = DatasetResize()
-            tokens = tuple(call[0] for call in img.recorded)
+            tokens = tuple(call_token(call) for call in img.recorded)
             CALL_SHAPES[id(self.kept)] = (self.kept, (tokens, (0,) * (len(tokens) + 1)))
         for _ in range(MAX_REPLANS):
             if self.kept_plan is _UNPLANNED:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from dali_autoproxy.plan.ir import Crop, PillowResize
+from dali_autoproxy.plan.ir import Crop, PillowResize, Warp
 from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall
 from dali_autoproxy.plan.recording import (
     CALL_SHAPES,
@@ -27,6 +27,7 @@ from dali_autoproxy.plan.recording import (
     CallShape,
     NeedsPixels,
     RecordingImage,
+    call_token,
     recording,
 )
 from dali_autoproxy.plan.settings import SETTINGS
@@ -62,7 +63,7 @@ def split_calls(calls) -> Tuple[Tuple[str, ...], List[list], List[tuple]]:
     tokens, runs, changes = [], [[]], []
     for call in calls:
         if call[0] in GEOMETRY_CALLS:
-            tokens.append(call[0])
+            tokens.append(call_token(call))
             changes.append(call)
             runs.append([])
         else:
@@ -126,8 +127,10 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
         runs.append([PillowCall(alloc(PillowCall)) for _ in range(width)])
         ops += runs[-1]
         if r < len(tokens):
-            change = (Crop(alloc(Crop), in_bounds=False, fill=(0.0,)) if tokens[r] == "crop"
-                      else PillowResize(alloc(PillowResize)))
+            token = tokens[r]
+            change = (Crop(alloc(Crop), in_bounds=False, fill=(0.0,)) if token == "crop"
+                      else PillowResize(alloc(PillowResize)) if token == "resize"
+                      else Warp(alloc(Warp), fill=token[1], bilinear=token[2]))
             changes.append(change)
             ops.append(change)
     if tokens:
@@ -173,6 +176,9 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
                 if type(op) is Crop:
                     top, left, h, w = change[1:] if change is not None else (0, 0, height, width)
                     g.put(op, top=top, left=left, height=h, width=w)
+                elif type(op) is Warp:  # the same size; not made: the identity, Pillow's copy
+                    g.put(op, *(change[3:] if change is not None else (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)))
+                    h, w = height, width
                 else:
                     h, w, kind_ = change[1:] if change is not None else (height, width, 2)
                     g.put(op, in_height=height, in_width=width, out_height=h, out_width=w, filter=kind_)
