@@ -66,8 +66,10 @@ def pillow_hooks():
     import wrapt
 
     from dali_autoproxy.plan.recording import PILLOW_HOOKS
-    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in PILLOW_HOOKS]
-    for owner, name, wrapper in PILLOW_HOOKS:
+    from dali_autoproxy.plan.recording_tensor import TENSOR_HOOKS
+    hooks = PILLOW_HOOKS + TENSOR_HOOKS
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in hooks]
+    for owner, name, wrapper in hooks:
         wrapt.wrap_function_wrapper(owner, name, wrapper)
     yield
     for owner, name, original in saved:

@@ -196,3 +196,35 @@ def test_a_datasets_own_crop_and_resize_before_the_chain(photo_root, name):
     assert (rep["decode"] == "DALI 100%") == on_dali, rep
     if on_dali:
         assert rep["dali_transforms"][:2] == ["decode", "DatasetResize"], rep
+
+
+# ----------------------------------------------------------------------------- classes that end in a tensor
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+ENDS_IN_A_TENSOR = {
+    "tf_to_tensor_normalize": lambda img: TF.normalize(TF.to_tensor(TF.center_crop(TF.resize(img, 80), 64)),
+                                                       MEAN, STD),
+    "tf_pil_to_tensor": lambda img: TF.pil_to_tensor(img.resize((64, 48), Image.BILINEAR)),
+    "tf_convert_dtype": lambda img: TF.convert_image_dtype(TF.pil_to_tensor(img.crop((0, 0, 64, 64))), torch.float32),
+    "v2_functional": lambda img: F2.normalize(F2.to_dtype(F2.to_image(F2.resized_crop(img, 4, 8, 60, 70, [48, 48])),
+                                                          torch.float32, scale=True), MEAN, STD),
+    "class_calls_totensor": lambda img: T.Normalize(MEAN, STD)(T.ToTensor()(img.resize((56, 56)))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENDS_IN_A_TENSOR))
+def test_a_class_that_returns_a_tensor_runs_on_dali(photo_root, name):
+    """``return TF.normalize(TF.to_tensor(img), ...)``: recorded as the transforms it equals."""
+    ds = image_folder(photo_root, T.Compose([UserClass(ENDS_IN_A_TENSOR[name])]))
+    ref, out = _epochs(ds)
+    for (xa, ya), (xb, yb) in zip(ref, out):
+        assert xa.dtype == xb.dtype and xa.shape == xb.shape and torch.equal(ya, yb)
+        assert float((xa.double() - xb.double()).abs().max()) <= (0 if xa.dtype == torch.uint8 else 1e-6)
+    rep = last_report()
+    assert rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
+
+
+def test_arithmetic_on_the_tensor_runs_in_the_worker(photo_root):
+    ds = image_folder(photo_root, T.Compose([UserClass(lambda img: TF.to_tensor(img.resize((32, 32))) * 2 - 1)]))
+    ref, out = _epochs(ds)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(ref, out))
+    assert "worker" in last_report()["decode"]

@@ -25,7 +25,7 @@ from dali_autoproxy.plan.recording import PIXEL_READERS
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.steps import ChainState, SampleGeometry, Step
 from dali_autoproxy.plan.translate import flatten, is_chain, lookup, transform_name
-from dali_autoproxy.plan.translate.recorded import cannot_record, record_step
+from dali_autoproxy.plan.translate.recorded import cannot_record, guess_tensor_tail, record_step
 
 Path = Tuple[Any, ...]  # how a chain was reached from the loader's dataset (for messages)
 
@@ -216,6 +216,8 @@ def _translate(transforms: List[Any], exact_resize: bool = True, ends_as_pil: bo
     steps = [_convert(t, state, alloc, counter) for t in transforms]
     if not steps:
         raise Unsupported("the transform chain is empty")
+    if not ends_as_pil and state.kind == "pil" and steps[-1].note is not None and guess_tensor_tail(transforms[-1]):
+        return _translate(transforms, exact_resize, ends_as_pil)  # a recorded last step: it may make the tensor
     try:
         return _checked(steps, state, counter[0], transforms, ends_as_pil)
     except Unsupported:

@@ -47,6 +47,8 @@ GEOMETRY_CALLS = ("crop", "resize", "warp")
 def call_token(call: Call) -> Any:
     """What a size change contributes to a plan's shape: its kind, and for a warp the fill and
     the filter (fixed in its op)."""
+    if call[0] == "tensor":  # made a tensor (plan/recording_tensor.py): the transform it equals
+        return tuple(call)
     return tuple(call[:3]) if call[0] == "warp" else call[0]
 RESIZE_FILTERS = (Image.Resampling.NEAREST, Image.Resampling.BILINEAR, Image.Resampling.BICUBIC,
                   Image.Resampling.BOX)  # what ir.PillowResize computes exactly

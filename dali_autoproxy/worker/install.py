@@ -11,6 +11,7 @@ from torch.utils.data._utils.fetch import _MapDatasetFetcher
 from dali_autoproxy.patches import ledger
 from dali_autoproxy.plan.planning import walk
 from dali_autoproxy.plan.recording import PILLOW_HOOKS
+from dali_autoproxy.plan.recording_tensor import TENSOR_HOOKS
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.translate import compose_types
 from dali_autoproxy.worker.chains import ChainRouter, convert_jpeg, guarded_fetch, on_chain_call
@@ -33,7 +34,7 @@ def patch(chain_classes: Iterable[type]) -> None:
     for cls in set(compose_types()) | set(chain_classes):
         ledger.wrap(cls, entry_point(cls), on_chain_call)
     ledger.wrap(JpegImageFile, "convert", convert_jpeg)
-    for owner, name, wrapper in PILLOW_HOOKS:  # Pillow's functions that measure pixels first, recorded
+    for owner, name, wrapper in PILLOW_HOOKS + TENSOR_HOOKS:  # recorded on recording images and tensors
         ledger.wrap(owner, name, wrapper)
     ledger.wrap(_MapDatasetFetcher, "fetch", guarded_fetch)
     for owner, method, wrapper in loaded_decoders():  # webdataset's and Hugging Face's eager decoders

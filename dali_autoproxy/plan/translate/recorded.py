@@ -30,9 +30,10 @@ from dali_autoproxy.plan.recording import (
     call_token,
     recording,
 )
+from dali_autoproxy.plan.recording_tensor import RecordingTensor, equivalent
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.steps import ChainState, Step
-from dali_autoproxy.plan.translate.registry import compose_types, transform_name
+from dali_autoproxy.plan.translate.registry import compose_types, lookup, transform_name
 
 DEFAULT_CALLS = 2  # calls planned per sample for a transform not recorded before
 
@@ -62,7 +63,7 @@ def split_calls(calls) -> Tuple[Tuple[str, ...], List[list], List[tuple]]:
     """A sample's recorded calls as its size changes and the runs of size-keeping calls around them."""
     tokens, runs, changes = [], [[]], []
     for call in calls:
-        if call[0] in GEOMETRY_CALLS:
+        if call[0] in GEOMETRY_CALLS or call[0] == "tensor":
             tokens.append(call_token(call))
             changes.append(call)
             runs.append([])
@@ -84,8 +85,8 @@ def fit(shape: CallShape, tokens: Tuple[str, ...], runs: List[list]) -> Optional
             j += 1
         else:
             match.append(None)
-    if j < len(tokens):
-        return None
+    if j < len(tokens) or any(m is None and _makes_tensor(t) for t, m in zip(planned, match)):
+        return None  # a tensor step cannot be left out: it changes what the chain holds
     placed = {0: runs[0]}
     for k, m in enumerate(match):
         if m is not None:
@@ -95,7 +96,34 @@ def fit(shape: CallShape, tokens: Tuple[str, ...], runs: List[list]) -> Optional
     return match, placed
 
 
+def _makes_tensor(token) -> bool:
+    return isinstance(token, tuple) and token[0] == "tensor"
+
+
+def _no_calls_on_tensors(shape: CallShape) -> CallShape:
+    """No Pillow call is planned after a tensor step (there is no image to make it on)."""
+    tokens, widths = shape
+    first = next((k for k, t in enumerate(tokens) if _makes_tensor(t)), None)
+    if first is None:
+        return shape
+    return tokens, tuple(w if r <= first else 0 for r, w in enumerate(widths))
+
+
 def grown(shape: CallShape, tokens: Tuple[str, ...], runs: List[list]) -> CallShape:
+    return _no_calls_on_tensors(_grown(shape, tokens, runs))
+
+
+def guess_tensor_tail(t: object) -> bool:
+    """A recorded transform that ends a chain on a PIL image: planned, until a sample shows what
+    it does, as making a tensor the way ``to_tensor`` does (a chain must end in one); False where
+    its shape is known already."""
+    if id(t) in CALL_SHAPES and CALL_SHAPES[id(t)][0] is t:
+        return False
+    CALL_SHAPES[id(t)] = (t, ((("tensor", "to_tensor"),), (CALL_WIDTHS.get(type(t), DEFAULT_CALLS), 0)))
+    return True
+
+
+def _grown(shape: CallShape, tokens: Tuple[str, ...], runs: List[list]) -> CallShape:
     """A shape that fits this sample's calls too: its runs widened where its size changes fit in
     order, else its size changes planned after the planned ones, every later run as wide as the
     widest."""
@@ -106,7 +134,8 @@ def grown(shape: CallShape, tokens: Tuple[str, ...], runs: List[list]) -> CallSh
     if relaxed is not None:
         placed = relaxed[1]
         return planned, tuple(min(MAX_CALLS, max(w, len(placed.get(r, ())))) for r, w in enumerate(widths))
-    if not planned:  # its first size changes: calls before them as many as it made (a call planned
+    if not planned or any(_makes_tensor(t) for t in planned + tokens):  # its first size changes, or tensor
+        # steps (never left out, so a sample's own shape): calls before them as many as it made (a call planned
         # there, on images of every size, would keep the crop from DALI), room for more after
         return tokens, (len(runs[0]),) + tuple(min(MAX_CALLS, max(len(r), DEFAULT_CALLS)) for r in runs[1:])
     merged = planned + tokens
@@ -128,6 +157,12 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
         ops += runs[-1]
         if r < len(tokens):
             token = tokens[r]
+            if _makes_tensor(token):  # the transform it equals, translated as such (state: a tensor now)
+                made = equivalent(token[1:])
+                step = lookup(made)(made, state, alloc)
+                changes.append(None)
+                ops += step.ops
+                continue
             change = (Crop(alloc(Crop), in_bounds=False, fill=(0.0,)) if token == "crop"
                       else PillowResize(alloc(PillowResize)) if token == "resize"
                       else Warp(alloc(Warp), fill=token[1], bilinear=token[2]))
@@ -150,7 +185,9 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
             raise NeedsPixels(f"{said}raised {type(exc).__name__} on a recording image", transform=kind) from None
         finally:
             recording.active -= 1
-        if type(out) is not RecordingImage or out.mode != "RGB":
+        if type(out) is RecordingTensor:
+            pass  # its calls end in the tensor steps it made
+        elif type(out) is not RecordingImage or out.mode != "RGB":
             made = type(out).__name__ if type(out) is not RecordingImage else f"a {out.mode} image of {out.size}"
             raise NeedsPixels(f"{said}returned {made}, not an RGB image it recorded", transform=kind)
         made, sample_runs, sample_changes = split_calls(out.calls)
@@ -170,6 +207,8 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
                     g.put(op, CALL_CODE[call], a, b, c)
                 else:
                     g.put(op, *none)
+            if r < len(changes) and changes[r] is None:
+                continue  # a tensor step: no values
             if r < len(changes):
                 op, m = changes[r], match[r]
                 change = sample_changes[m] if m is not None else None

@@ -1,0 +1,117 @@
+"""A recording image made a tensor inside a user's class: ``TF.to_tensor(img)``, then
+``TF.normalize(t, mean, std)``, recorded as the torchvision transforms they equal.
+
+A class that ends ``return TF.normalize(TF.to_tensor(img), MEAN, STD)`` (or ``pil_to_tensor``,
+``convert_image_dtype``, and v2's ``to_image``, ``pil_to_tensor``, ``to_dtype``, ``normalize``)
+gets a :class:`RecordingTensor` from these hooks: a tensor on torch's ``meta`` device (its
+shape and dtype, no memory) whose ``calls`` end in ``("tensor", ...)`` entries naming the
+equivalent transform (``equivalent``), which planning translates like the transform itself.
+Anything else done to it (arithmetic, indexing, another function) needs its values: it raises
+``NeedsPixels`` and the class runs in the worker, as for a recording image. Only these module
+functions, called as attributes of their modules, are recorded (``TENSOR_HOOKS``).
+"""
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.functional as F1
+import torchvision.transforms.v2 as v2
+import torchvision.transforms.v2.functional as F2
+
+from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, _needs_pixels, _user_frame, recording
+
+_METADATA = {torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.ndim.__get__,
+             torch.Tensor.device.__get__, torch.Tensor.size, torch.Tensor.dim, torch.Tensor.is_floating_point,
+             torch.Tensor.__len__, torch.Tensor.__repr__, torch.Tensor.__format__, torch.Tensor.__hash__}
+
+
+class RecordingTensor(torch.Tensor):
+    """The tensor a recorded class made of its recording image: shape and dtype, no values."""
+    calls: Tuple[Any, ...] = ()
+
+    @staticmethod
+    def of(shape: Tuple[int, ...], dtype: torch.dtype, calls: Tuple[Any, ...]) -> "RecordingTensor":
+        t = torch.empty(shape, dtype=dtype, device="meta").as_subclass(RecordingTensor)
+        t.calls = calls
+        return t
+
+    def then(self, *spec: Any, dtype: Any = None) -> "RecordingTensor":
+        return RecordingTensor.of(tuple(self.shape), dtype or self.dtype, self.calls + (("tensor",) + spec,))
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in _METADATA:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+        if not recording.active:
+            raise RuntimeError("dali_autoproxy: a tensor recorded for a transform was used after the transform "
+                               "returned; enable(record='off') leaves such transforms in the worker")
+        raise NeedsPixels(f"tensor {getattr(func, '__name__', func)}", _user_frame())
+
+
+def equivalent(spec: Tuple[Any, ...]) -> Any:
+    """The torchvision transform a recorded ``("tensor", ...)`` call equals."""
+    name = spec[0]
+    if name == "normalize":
+        return (T.Normalize if spec[3] == "v1" else v2.Normalize)(list(spec[1]), list(spec[2]))
+    if name == "to_dtype":
+        return v2.ToDtype(torch.float32, scale=spec[1])
+    return {"to_tensor": T.ToTensor, "pil_to_tensor": T.PILToTensor, "to_image": v2.ToImage,
+            "convert_image_dtype": lambda: T.ConvertImageDtype(torch.float32)}[name]()
+
+
+def _first(args: tuple, kwargs: dict, name: str) -> Any:
+    return args[0] if args else kwargs.get(name)
+
+
+def _made_tensor(name: str, dtype: torch.dtype):
+    """A hook of a function that makes a CHW tensor of a PIL image (to_tensor, pil_to_tensor, to_image)."""
+    def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        img = args[0] if args else None
+        if type(img) is not RecordingImage or len(args) != 1 or kwargs:
+            return wrapped(*args, **kwargs)
+        if img.mode != "RGB":
+            raise _needs_pixels()
+        width, height = img.size
+        return RecordingTensor.of((3, height, width), dtype, img.calls + (("tensor", name),))
+    return hook
+
+
+def _normalize(api: str):
+    def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        t = _first(args, kwargs, "tensor" if api == "v1" else "inpt")
+        if type(t) is not RecordingTensor:
+            return wrapped(*args, **kwargs)
+        named = dict(zip(("mean", "std", "inplace"), args[1:]), **{k: v for k, v in kwargs.items()
+                                                                  if k not in ("tensor", "inpt")})
+        mean, std = named.get("mean"), named.get("std")
+        if t.dtype != torch.float32 or mean is None or std is None or set(named) - {"mean", "std", "inplace"}:
+            raise NeedsPixels("tensor normalize", _user_frame())  # torchvision's own error, in the worker
+        as_floats = [tuple(float(v) for v in torch.as_tensor(x, dtype=torch.float64).flatten()) for x in (mean, std)]
+        return t.then("normalize", as_floats[0], as_floats[1], api)
+    return hook
+
+
+def _to_float(name: str):
+    """v1's convert_image_dtype(t, float32) and v2's to_dtype(t, float32, scale) of a uint8 tensor."""
+    def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        t = _first(args, kwargs, "image" if name == "convert_image_dtype" else "inpt")
+        if type(t) is not RecordingTensor:
+            return wrapped(*args, **kwargs)
+        dtype = args[1] if len(args) > 1 else kwargs.get("dtype", torch.float)
+        scale = args[2] if len(args) > 2 else kwargs.get("scale", False)
+        if dtype != torch.float32 or t.dtype != torch.uint8 or (name == "convert_image_dtype" and len(args) > 2):
+            raise NeedsPixels(f"tensor {name}", _user_frame())
+        return t.then(*((name,) if name == "convert_image_dtype" else (name, bool(scale))), dtype=torch.float32)
+    return hook
+
+
+# (owner, attribute, wrapt wrapper): installed in a proxied loader's workers with PILLOW_HOOKS
+TENSOR_HOOKS = [(F1, "to_tensor", _made_tensor("to_tensor", torch.float32)),
+                (F1, "pil_to_tensor", _made_tensor("pil_to_tensor", torch.uint8)),
+                (F2, "to_image", _made_tensor("to_image", torch.uint8)),
+                (F2, "pil_to_tensor", _made_tensor("pil_to_tensor", torch.uint8)),
+                (F1, "normalize", _normalize("v1")), (F2, "normalize", _normalize("v2")),
+                (F1, "convert_image_dtype", _to_float("convert_image_dtype")), (F2, "to_dtype", _to_float("to_dtype"))]
