@@ -53,6 +53,11 @@ GEOMETRY = {
     "rotate_bilinear_some": lambda img: (img.resize((64, 48), Image.BILINEAR) if random.random() < 0.5 else
                                          img.resize((64, 48), Image.BILINEAR).rotate(
                                              random.uniform(-45, 45), Image.BILINEAR, fillcolor=(9, 200, 40))),
+    "tf_perspective_some": lambda img: TF.perspective(
+        TF.center_crop(img, [64, 80]), [[0, 0], [79, 0], [79, 63], [0, 63]],
+        [[3, 5], [75, 1], [70, 60], [random.randint(0, 9), 58]],
+        interpolation=random.choice([T.InterpolationMode.NEAREST, T.InterpolationMode.BILINEAR]),
+    ) if random.random() < 0.7 else TF.center_crop(img, [64, 80]),
     "tf_rotate_affine": lambda img: TF.affine(TF.rotate(TF.center_crop(img, [70, 90]), 17.0), angle=5.0,
                                               translate=[3, -2], scale=1.1, shear=[4.0, 0.0]),
 }
@@ -117,9 +122,10 @@ def test_recorded_sizes_are_pillows():
     lambda img: img.rotate(20, Image.BICUBIC),
     lambda img: img.rotate(20, fillcolor=128),
     lambda img: img.transform((40, 30), Image.Transform.AFFINE, (1, 0, 0, 0, 1, 0)),
-    lambda img: img.transform((96, 64), Image.Transform.PERSPECTIVE, (1, 0, 0, 0, 1, 0, 0, 0)),
+    lambda img: img.transform((96, 64), Image.Transform.PERSPECTIVE, (1, 0, 0, 0, 1, 0, 0, 0), Image.BICUBIC),
+    lambda img: img.transform((96, 64), Image.Transform.QUAD, (0, 0, 0, 64, 96, 64, 96, 0)),
 ], ids=["box", "lanczos", "hamming", "reducing_gap", "float_size", "empty_crop", "reversed_crop", "expand",
-        "bicubic_rotate", "int_fill", "affine_resizing", "perspective"])
+        "bicubic_rotate", "int_fill", "affine_resizing", "bicubic_perspective", "quad"])
 def test_what_pillow_does_otherwise_needs_pixels(call):
     with pytest.raises(NeedsPixels):
         _record(call)

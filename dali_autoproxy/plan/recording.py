@@ -41,7 +41,8 @@ Call = Tuple[Any, ...]  # (PILLOW_CALLS name, a, b, c), or a size change: GEOMET
 #   ("crop", top, left, height, width): Image.crop, outside the image zeros as Pillow's
 #   ("resize", height, width, filter): Image.resize of the whole image with Pillow's filter 0, 2, 3 or 4
 #   ("warp", fill, bilinear, a, b, c, d, e, f): Image.transform(AFFINE) to the same size (Image.rotate)
-GEOMETRY_CALLS = ("crop", "resize", "warp")
+#   ("perspective", fill, bilinear, a, .., h): Image.transform(PERSPECTIVE) to the same size
+GEOMETRY_CALLS = ("crop", "resize", "warp", "perspective")
 
 
 def call_token(call: Call) -> Any:
@@ -49,7 +50,7 @@ def call_token(call: Call) -> Any:
     the filter (fixed in its op)."""
     if call[0] == "tensor":  # made a tensor (plan/recording_tensor.py): the transform it equals
         return tuple(call)
-    return tuple(call[:3]) if call[0] == "warp" else call[0]
+    return tuple(call[:3]) if call[0] in ("warp", "perspective") else call[0]
 RESIZE_FILTERS = (Image.Resampling.NEAREST, Image.Resampling.BILINEAR, Image.Resampling.BICUBIC,
                   Image.Resampling.BOX)  # what ir.PillowResize computes exactly
 
@@ -235,15 +236,18 @@ class RecordingImage(Image.Image):
 
     def transform(self, size: Any, method: Any, data: Any = None, resample: Any = Image.Resampling.NEAREST,
                   fill: int = 1, fillcolor: Any = None) -> Image.Image:
-        """Pillow's affine transform to the same size (what ``Image.rotate`` without ``expand``
-        and torchvision's ``rotate`` / ``affine`` on PIL images end in), nearest or bilinear."""
+        """Pillow's affine or perspective transform to the same size (what ``Image.rotate``
+        without ``expand`` and torchvision's ``rotate`` / ``affine`` / ``perspective`` on PIL images
+        end in), nearest or bilinear."""
         colour = (0, 0, 0) if fillcolor is None else fillcolor
-        if (method != Image.Transform.AFFINE or data is None or len(data) < 6 or tuple(size) != self.size
+        kind, n = {Image.Transform.AFFINE: ("warp", 6), Image.Transform.PERSPECTIVE: ("perspective", 8)}.get(
+            method, (None, 0))
+        if (kind is None or data is None or len(data) < n or tuple(size) != self.size
                 or resample not in (Image.Resampling.NEAREST, Image.Resampling.BILINEAR)
                 or not (isinstance(colour, tuple) and len(colour) == 3 and all(type(v) is int for v in colour))):
             raise _needs_pixels()
-        return self._sized(self.size, ("warp", tuple(float(v) for v in colour), resample == Image.Resampling.BILINEAR)
-                           + tuple(float(v) for v in data[:6]))
+        return self._sized(self.size, (kind, tuple(float(v) for v in colour), resample == Image.Resampling.BILINEAR)
+                           + tuple(float(v) for v in data[:n]))
 
     def transpose(self, method: Any) -> Image.Image:
         if method == Image.Transpose.FLIP_LEFT_RIGHT:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from dali_autoproxy.plan.ir import Crop, PillowResize, Warp
+from dali_autoproxy.plan.ir import PERSPECTIVE_IDENTITY, Crop, Perspective, PillowResize, Warp
 from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall
 from dali_autoproxy.plan.recording import (
     CALL_SHAPES,
@@ -165,7 +165,8 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
                 continue
             change = (Crop(alloc(Crop), in_bounds=False, fill=(0.0,)) if token == "crop"
                       else PillowResize(alloc(PillowResize)) if token == "resize"
-                      else Warp(alloc(Warp), fill=token[1], bilinear=token[2]))
+                      else Warp(alloc(Warp), fill=token[1], bilinear=token[2]) if token[0] == "warp"
+                      else Perspective(alloc(Perspective), fill=token[1], bilinear=token[2]))
             changes.append(change)
             ops.append(change)
     if tokens:
@@ -215,8 +216,9 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
                 if type(op) is Crop:
                     top, left, h, w = change[1:] if change is not None else (0, 0, height, width)
                     g.put(op, top=top, left=left, height=h, width=w)
-                elif type(op) is Warp:  # the same size; not made: the identity, Pillow's copy
-                    g.put(op, *(change[3:] if change is not None else (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)))
+                elif type(op) in (Warp, Perspective):  # the same size; not made: the identity, Pillow's copy
+                    identity = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0) if type(op) is Warp else PERSPECTIVE_IDENTITY
+                    g.put(op, *(change[3:] if change is not None else identity))
                     h, w = height, width
                 else:
                     h, w, kind_ = change[1:] if change is not None else (height, width, 2)
