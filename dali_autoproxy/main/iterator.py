@@ -28,6 +28,7 @@ from dali_autoproxy.transport import (
     ENCODED,
     RAW,
     SHARED,
+    WHY_CPU,
     ProxyBatch,
     ProxyCollated,
     ProxyGroup,
@@ -276,15 +277,18 @@ class ProxiedIterator(wrapt.ObjectProxy):
         finally:
             rec = self._self_state.record
             rec["batches"] += 1
-            if not entry.proxies and not rec["samples"]:
-                self._self_state.nothing_reached_dali(NOTHING_ROUTED)
-            elif entry.proxies and not rec["samples"]:
-                self._self_state.reached_dali()
             self._self_state.count_decodes(entry.units)
             for pb in entry.proxies:
                 rec["samples"] += pb.size
                 rec["cpu_path_samples"] += len(pb.done_indices)
+                self._self_state.ran_in_worker += len(pb.done_indices)
                 self._self_state.count_decoding(pb)
+            if not rec["samples"]:
+                self._self_state.nothing_reached_dali(NOTHING_ROUTED)
+            elif self._self_state.ran_in_worker == rec["samples"]:  # every sample ran its chain in the worker
+                self._self_state.nothing_reached_dali(next(iter(rec["decoded_in_worker"]), WHY_CPU))
+            else:
+                self._self_state.reached_dali()
         if collated:  # the user's collate_fn, on DALI's tensors, under the worker's random states
             out = finish(entry.batch, [table[id(pb)] for pb in entry.batch.batches], self._self_collate)
             if self._self_out == "cpu" and self._self_pin:  # what the loader's pin thread would have done

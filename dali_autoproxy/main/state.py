@@ -36,6 +36,7 @@ class LoaderState:
         self.idle_runners: Dict[RunnerKey, list] = collections.defaultdict(list)
         self.plans: Dict[str, Plan] = {}
         self.used: set = set()  # keys of the plans batches came with (a worker may replan a chain)
+        self.ran_in_worker = 0  # samples whose whole chain ran in the worker (none reached DALI)
         self.lock = threading.Lock()
         self._logged: Optional[Tuple[bool, Optional[str]]] = None
 
@@ -116,7 +117,7 @@ class LoaderState:
         (the workers' reason where they gave one). Logged once."""
         rec = self.record
         seen = rec["passed_over"]
-        reason = f"no sample reached DALI: {max(seen, key=seen.get)}" if seen else generic
+        reason = f"no sample reached DALI: {max(seen, key=seen.get) if seen else generic}"
         if rec["proxied"] or rec["reason"] != reason:
             logger.warning("DataLoader #%d (%s): %s; the batches are plain torchvision's", rec["loader"],
                            rec["dataset"], reason)
