@@ -49,10 +49,17 @@ class PatchLedger:
         self._patched: List[Tuple[Any, str, Any]] = []  # (owner, attribute, original or _MISSING)
         self._lock = threading.RLock()
 
-    def wrap(self, owner: Any, name: str, wrapper: Callable) -> None:
+    def wrap(self, owner: Any, name: Any, wrapper: Callable) -> None:
         """Wrap ``owner.name`` in place with a wrapt wrapper (once), recording the original; an
-        inherited attribute gets the wrapper on ``owner`` itself, removed again on undo."""
+        inherited attribute gets the wrapper on ``owner`` itself, removed again on undo. An
+        ``owner`` that is a dict (a kernel table) has its item ``name`` wrapped."""
         with self._lock:
+            if isinstance(owner, dict):
+                own = owner.get(name, _MISSING)
+                if own is not _MISSING and not isinstance(own, wrapt.FunctionWrapper):
+                    owner[name] = wrapt.FunctionWrapper(own, wrapper)
+                    self._patched.append((owner, name, own))
+                return
             own = owner.__dict__.get(name, _MISSING)
             if isinstance(own, wrapt.FunctionWrapper):  # already ours
                 return
@@ -63,7 +70,9 @@ class PatchLedger:
         """Restore every patched attribute, newest first."""
         with self._lock:
             for owner, name, original in reversed(self._patched):
-                if original is _MISSING:
+                if isinstance(owner, dict):
+                    owner[name] = original
+                elif original is _MISSING:
                     delattr(owner, name)
                 else:
                     setattr(owner, name, original)
@@ -72,7 +81,8 @@ class PatchLedger:
     def patched(self) -> List[str]:
         """'module.Class.attribute' of each patch in place."""
         with self._lock:
-            return [f"{getattr(o, '__module__', '?')}.{getattr(o, '__qualname__', o)}.{n}" for o, n, _ in self._patched]
+            return [f"kernel table[{getattr(n, '__qualname__', n)}]" if isinstance(o, dict) else
+                    f"{getattr(o, '__module__', '?')}.{getattr(o, '__qualname__', o)}.{n}" for o, n, _ in self._patched]
 
 
 ledger = PatchLedger()

@@ -68,9 +68,16 @@ def pillow_hooks():
     from dali_autoproxy.plan.recording import PILLOW_HOOKS
     from dali_autoproxy.plan.recording_tensor import TENSOR_HOOKS
     hooks = PILLOW_HOOKS + TENSOR_HOOKS
-    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in hooks]
+    saved = [(owner, name, owner[name] if isinstance(owner, dict) else owner.__dict__[name])
+             for owner, name, _ in hooks]
     for owner, name, wrapper in hooks:
-        wrapt.wrap_function_wrapper(owner, name, wrapper)
+        if isinstance(owner, dict):  # a v2 kernel table
+            owner[name] = wrapt.FunctionWrapper(owner[name], wrapper)
+        else:
+            wrapt.wrap_function_wrapper(owner, name, wrapper)
     yield
     for owner, name, original in saved:
-        setattr(owner, name, original)
+        if isinstance(owner, dict):
+            owner[name] = original
+        else:
+            setattr(owner, name, original)

@@ -316,3 +316,27 @@ def test_gpu_recorded_size_changes(photo_root):
         rep = last_report()
         assert rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], (name, rep)
         compare(ref, [(x.cpu(), y) for x, y in out], normalized=False, mae_max=GPU_MAE, psnr_min=GPU_PSNR)
+
+
+@pytest.mark.parametrize("recipe", ["SimCLR", "DINO"])
+def test_gpu_lightly_recipes(photo_root, recipe):
+    """The CPU twin is test_pillow_ops.py::test_lightly_recipes_unchanged_run_on_dali_equal_to_plain:
+    lightly's transforms on the GPU, every view within the GPU bound of plain's, decoded once."""
+    import random
+
+    import numpy as np
+    lt = pytest.importorskip("lightly.transforms")
+    make = {"SimCLR": lambda: lt.SimCLRTransform(input_size=64),
+            "DINO": lambda: lt.DINOTransform(global_crop_size=64, local_crop_size=32, n_local_views=2)}[recipe]
+    ds = image_folder(photo_root, make())
+    runs = []
+    for proxied in (False, True):
+        random.seed(7)
+        np.random.seed(7)
+        runs.append(load_all(ds, autoproxy=proxied, device="gpu", resize="pillow"))
+    rep = last_report()
+    assert rep["decode"] == "DALI 100%" and rep["dali_decodes"] == len(ds), rep
+    views = len(runs[0][0][0])
+    for k in range(views):
+        compare([(x[k], y) for x, y in runs[0]], [(x[k].cpu(), y) for x, y in runs[1]], mae_max=GPU_MAE,
+                psnr_min=GPU_PSNR)

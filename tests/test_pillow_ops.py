@@ -311,6 +311,19 @@ def test_dinov2_augmentation_unchanged(photo_root):
     assert rep["proxied"] and rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
 
 
+def test_dino_augmentation_unchanged(photo_root):
+    """DINO's ``DataAugmentationDINO`` from its ``main_dino.py`` (DINO_DIR: a checkout of
+    facebookresearch/dino), its ``utils.py`` blur and solarization, main_dino.py's defaults
+    (2 x 224 + 8 x 96): every view proxied, decode on DALI, equal to plain, each image decoded once."""
+    augmentation = _import_from("DINO_DIR", "main_dino", "DataAugmentationDINO")
+    ds = image_folder(photo_root, augmentation((0.4, 1.0), (0.05, 0.4), 8))
+    ref, out = _seeded_runs(ds)
+    _equal_nested(ref, out)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
+    assert rep["dali_decodes"] * 10 == rep["decoded_on_dali"], rep
+
+
 def test_swav_multicrop_dataset_unchanged(photo_root):
     """SwAV's ``src/multicropdataset.py`` (SWAV_DIR: a checkout of facebookresearch/swav), its own
     dataset and PIL blur: every crop proxied, decode on DALI, equal to plain."""

@@ -59,6 +59,7 @@ USER_CALLS = {
     "tf_flips_sharpness": lambda img, r: TF.adjust_sharpness(TF.vflip(TF.hflip(img)), 2.0 * r),
     "tf_policy_ops": lambda img, r: TF.equalize(TF.autocontrast(TF.posterize(TF.solarize(img, 200 * r), 4))),
     "v2_functional": lambda img, r: F2.invert(F2.adjust_saturation(F2.horizontal_flip(img), 0.25 + r)),
+    "v2_hue": lambda img, r: F2.adjust_hue(img, r - 0.5),
 }
 
 

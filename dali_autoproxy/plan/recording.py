@@ -32,9 +32,11 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torchvision.transforms._functional_pil as F_pil
+import torchvision.transforms.v2.functional as F2
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS
+from dali_autoproxy.plan.tv_internals import v2_pil_kernels
 
 Call = Tuple[Any, ...]  # (PILLOW_CALLS name, a, b, c), or a size change: GEOMETRY_CALLS
 # calls that change the size, recorded as their own ops (ir.Crop, ir.PillowResize):
@@ -344,6 +346,9 @@ PILLOW_HOOKS = [(ImageOps, "equalize", _equalize), (ImageOps, "autocontrast", _a
                 (ImageEnhance._Enhance, "enhance", _enhance),
                 (F_pil, "to_grayscale", _to_grayscale), (F_pil, "adjust_hue", _adjust_hue)] + [
     (cls, "__init__", _enhancer_init) for cls in _ENHANCERS]
+_V2_HUE = v2_pil_kernels(F2.adjust_hue)  # v2 dispatches PIL images to its registered kernel, not F_pil's attribute
+if _V2_HUE is not None and Image.Image in _V2_HUE:
+    PILLOW_HOOKS.append((_V2_HUE, Image.Image, _adjust_hue))
 
 # what planning knows of transforms that were recorded (process-wide; each worker learns its own)
 PIXEL_READERS: Dict[type, str] = {}   # transform type: the call that needed pixels (it runs in the worker)

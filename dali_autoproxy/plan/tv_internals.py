@@ -68,3 +68,16 @@ def rotation_matrix(angle: float, width: int, height: int, center: Optional[Sequ
     m[2] += center[0]
     m[5] += center[1]
     return m
+
+
+def v2_pil_kernels(functional: Callable[..., Any]) -> Optional[dict]:
+    """v2's kernel table of one functional (by input type: PIL.Image.Image -> its PIL kernel),
+    where torchvision dispatches through one (0.16 and later); None elsewhere. A hook on the
+    functional's module attribute misses v2's dispatch, which calls the registered kernel."""
+    try:
+        from torchvision.transforms.v2.functional._utils import _KERNEL_REGISTRY
+    except ImportError:  # pragma: no cover - torchvision 0.15
+        return None
+    table = _KERNEL_REGISTRY.get(functional)
+    return table if isinstance(table, dict) else None
+
