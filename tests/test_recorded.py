@@ -78,7 +78,30 @@ def test_every_recorded_call_equals_pillow_every_pixel(pillow_hooks, name, size,
     """A batch of photograph crops, each with its own argument: the torch stage's kernel (on the
     CPU, and on the GPU: the same torch ops) and the CPU replay give Pillow's own result on every
     pixel, the border included."""
-    fn = USER_CALLS[name]
+    _check_against_pillow(USER_CALLS[name], size, device)
+
+
+# quarter turns keep the size of square images only (a non-square one needs pixels)
+SQUARE_CALLS = {
+    "rotate_90": lambda img, r: img.transpose(Image.Transpose.ROTATE_90),
+    "rotate_270_then_blur": lambda img, r: img.transpose(Image.Transpose.ROTATE_270).filter(ImageFilter.BoxBlur(r)),
+    "transpose_transverse": lambda img, r: img.transpose([Image.Transpose.TRANSPOSE,
+                                                          Image.Transpose.TRANSVERSE][int(r > 0.5)]),
+    "rotate_method_90": lambda img, r: img.rotate(90 * (1 + int(r * 2.9))),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("name", sorted(SQUARE_CALLS))
+@pytest.mark.parametrize("size", [(48, 48), (5, 5)], ids=["48x48", "5x5"])
+def test_quarter_turns_of_square_images_equal_pillow_every_pixel(pillow_hooks, name, size, device):
+    _check_against_pillow(SQUARE_CALLS[name], size, device)
+    if name != "rotate_method_90":  # Image.rotate of a non-square image is an affine warp (test_recorded_geometry)
+        with pytest.raises(NeedsPixels):
+            _record(SQUARE_CALLS[name], (size[0] + 1, size[1]), 0.3)
+
+
+def _check_against_pillow(fn, size, device) -> None:
     w, h = size
     photos = [Image.fromarray(p) for p in photographs()]
     crops = [photos[k % 4].crop((23 * k, 11 * k, 23 * k + w, 11 * k + h)) for k in range(8)]

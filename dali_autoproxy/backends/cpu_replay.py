@@ -238,6 +238,7 @@ _PILLOW_CALLS = {  # what the user's code called, called again with the same arg
     "kernel": lambda img, a, b, c: img.filter(getattr(ImageFilter, BUILTIN_KERNELS[int(a)])),
     "hflip": lambda img, a, b, c: img.transpose(Image.Transpose.FLIP_LEFT_RIGHT),
     "vflip": lambda img, a, b, c: img.transpose(Image.Transpose.FLIP_TOP_BOTTOM),
+    "transpose": lambda img, a, b, c: img.transpose(Image.Transpose.TRANSPOSE),
     "grayscale": lambda img, a, b, c: img.convert("L").convert(img.mode),  # the luma in every channel
     "invert": lambda img, a, b, c: ImageOps.invert(img),
     "solarize": lambda img, a, b, c: ImageOps.solarize(img, a),

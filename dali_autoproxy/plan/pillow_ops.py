@@ -47,6 +47,7 @@ PILLOW_CALLS = (
     "sharpness",       # ImageEnhance.Sharpness(img).enhance(a)
     "hue",             # torchvision's adjust_hue on PIL: a = the 8-bit shift of Pillow's HSV hue
     "unsharp_mask",    # filter(UnsharpMask): a = radius, b = percent, c = threshold
+    "transpose",       # transpose(TRANSPOSE) of a square image (with the flips: ROTATE_90 / 270, TRANSVERSE)
 )
 CALL_CODE = {name: code for code, name in enumerate(PILLOW_CALLS)}
 # Pillow's fixed convolutions (ImageFilter's BuiltinFilter classes), by name

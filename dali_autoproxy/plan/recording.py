@@ -258,7 +258,14 @@ class RecordingImage(Image.Image):
             return self.then("vflip")
         if method == Image.Transpose.ROTATE_180:
             return self.then("hflip").then("vflip")
-        raise _needs_pixels()
+        turns = {Image.Transpose.TRANSPOSE: (), Image.Transpose.ROTATE_90: ("vflip",),
+                 Image.Transpose.ROTATE_270: ("hflip",), Image.Transpose.TRANSVERSE: ("hflip", "vflip")}
+        if method not in turns or self.width != self.height:
+            raise _needs_pixels()  # a quarter turn of a non-square image changes its size: in the worker
+        out = self.then("transpose")
+        for flip in turns[method]:
+            out = out.then(flip)
+        return out
 
 
 def classify_table(table: list) -> Optional[Tuple[Any, ...]]:
