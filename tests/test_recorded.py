@@ -60,6 +60,12 @@ USER_CALLS = {
     "tf_policy_ops": lambda img, r: TF.equalize(TF.autocontrast(TF.posterize(TF.solarize(img, 200 * r), 4))),
     "v2_functional": lambda img, r: F2.invert(F2.adjust_saturation(F2.horizontal_flip(img), 0.25 + r)),
     "v2_hue": lambda img, r: F2.adjust_hue(img, r - 0.5),
+    # Image.blend of the image with a branch made from it, either order, inside and outside [0, 1]
+    "blend_with_blurred": lambda img, r: Image.blend(img, img.filter(ImageFilter.BoxBlur(1 + 3 * r)), 0.2 + 0.6 * r),
+    "blend_reversed_extrapolated": lambda img, r: Image.blend(ImageOps.invert(ImageOps.mirror(img)), img,
+                                                              1.7 * r - 0.3),
+    "blend_then_more": lambda img, r: ImageOps.solarize(Image.blend(ImageOps.grayscale(img).convert("RGB"),
+                                                                    img, r), 128),
 }
 
 
@@ -138,7 +144,8 @@ def test_calls_that_need_pixels_say_which_and_where(pillow_hooks):
     for fn in (lambda img: img.resize((4, 4), box=(0, 0, 4, 4)), lambda img: img.getpixel((0, 0)),
                lambda img: img.point(lambda v: v // 2), lambda img: img.filter(ImageFilter.Kernel((3, 3), [1] * 9)),
                lambda img: ImageDraw.Draw(img), lambda img: img.convert("HSV"), lambda img: img.tobytes(),
-               lambda img: Image.blend(img, img, 0.5), lambda img: ImageOps.equalize(img, mask=img)):
+               lambda img: Image.blend(img.filter(ImageFilter.BLUR), img.filter(ImageFilter.SMOOTH), 0.5),
+               lambda img: ImageOps.equalize(img, mask=img)):
         with pytest.raises(NeedsPixels):
             _record(lambda img, r: fn(img), (8, 8), 0)
     with pytest.raises(RuntimeError, match="used after the transform returned"):

@@ -58,6 +58,9 @@ GEOMETRY = {
         [[3, 5], [75, 1], [70, 60], [random.randint(0, 9), 58]],
         interpolation=random.choice([T.InterpolationMode.NEAREST, T.InterpolationMode.BILINEAR]),
     ) if random.random() < 0.7 else TF.center_crop(img, [64, 80]),
+    "blend_with_a_blurred_branch": lambda img: Image.blend(
+        img.crop((0, 0, 64, 48)), img.crop((0, 0, 64, 48)).filter(ImageFilter.GaussianBlur(random.uniform(0.5, 2))),
+        random.random()),
     "tf_rotate_affine": lambda img: TF.affine(TF.rotate(TF.center_crop(img, [70, 90]), 17.0), angle=5.0,
                                               translate=[3, -2], scale=1.1, shear=[4.0, 0.0]),
 }

@@ -8,6 +8,7 @@ cannot read either) instead of an error from a different decoder.
 from __future__ import annotations
 
 import io
+import threading
 from typing import Any, List
 
 import numpy as np
@@ -260,9 +261,23 @@ def _hue_factor(shift: int) -> float:
     return (k + (0.5 if k >= 0 else -0.5)) / 255
 
 
+class _Kept(threading.local):
+    image: Any = None  # what a replayed "keep" kept for the "blend_kept" after it (one sample at a time)
+
+
+_kept = _Kept()
+
+
 @CPU_KERNELS.register(PillowCall)
 def _pillow_call(img, op: PillowCall, row, v2_step):  # what a recorded transform asked of Pillow
     call = PILLOW_CALLS[int(op.value(row, "call"))]
     if call == "none":
         return img
-    return _PILLOW_CALLS[call](img, *(float(op.value(row, name)) for name in ("a", "b", "c")))
+    a, b, c = (float(op.value(row, name)) for name in ("a", "b", "c"))
+    if call == "keep":
+        _kept.image = img
+        return img
+    if call == "blend_kept":
+        kept, _kept.image = _kept.image, None
+        return Image.blend(kept, img, a) if b == 0 else Image.blend(img, kept, a)
+    return _PILLOW_CALLS[call](img, a, b, c)

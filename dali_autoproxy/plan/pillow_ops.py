@@ -48,6 +48,8 @@ PILLOW_CALLS = (
     "hue",             # torchvision's adjust_hue on PIL: a = the 8-bit shift of Pillow's HSV hue
     "unsharp_mask",    # filter(UnsharpMask): a = radius, b = percent, c = threshold
     "transpose",       # transpose(TRANSPOSE) of a square image (with the flips: ROTATE_90 / 270, TRANSVERSE)
+    "keep",            # Image.blend's first branch point: the image as it is here, kept for "blend_kept"
+    "blend_kept",      # Image.blend(kept, image, a) (b = 0) or Image.blend(image, kept, a) (b = 1)
 )
 CALL_CODE = {name: code for code, name in enumerate(PILLOW_CALLS)}
 # Pillow's fixed convolutions (ImageFilter's BuiltinFilter classes), by name

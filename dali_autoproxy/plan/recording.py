@@ -348,8 +348,28 @@ def _adjust_hue(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return wrapped(*args, **kwargs)
 
 
+def _blend(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``Image.blend(im1, im2, alpha)`` of two recording images one of which was made from the
+    other by size-keeping calls (``Image.blend(img, img.filter(...), a)``): the common image kept
+    ("keep"), the other branch's calls, then the blend of the two ("blend_kept")."""
+    named = dict(zip(("im1", "im2", "alpha"), args), **kwargs)
+    im1, im2, alpha = named.get("im1"), named.get("im2"), named.get("alpha")
+    if not (_is_recording(im1) and _is_recording(im2)) or len(named) != 3:
+        return wrapped(*args, **kwargs)
+    base, other, order = (im1, im2, 0) if im2.calls[:len(im1.calls)] == im1.calls else (im2, im1, 1)
+    branch = other.calls[len(base.calls):]
+    if (other.calls[:len(base.calls)] != base.calls or im1.size != im2.size or im1.mode != im2.mode
+            or not isinstance(alpha, numbers.Real)
+            or any(call[0] in GEOMETRY_CALLS + ("tensor", "keep", "blend_kept") for call in branch)):
+        raise _needs_pixels()
+    out = base.then("keep")
+    for call in branch:
+        out = out.then(*call)
+    return out.then("blend_kept", float(np.float32(alpha)), order)
+
+
 # (owner, attribute, wrapt wrapper): installed in a proxied loader's workers (worker/install.py)
-PILLOW_HOOKS = [(ImageOps, "equalize", _equalize), (ImageOps, "autocontrast", _autocontrast),
+PILLOW_HOOKS = [(Image, "blend", _blend), (ImageOps, "equalize", _equalize), (ImageOps, "autocontrast", _autocontrast),
                 (ImageEnhance._Enhance, "enhance", _enhance),
                 (F_pil, "to_grayscale", _to_grayscale), (F_pil, "adjust_hue", _adjust_hue)] + [
     (cls, "__init__", _enhancer_init) for cls in _ENHANCERS]

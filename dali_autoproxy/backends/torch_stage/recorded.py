@@ -93,6 +93,24 @@ def _pillow_call(x: torch.Tensor, op: PillowCall, batch: Batch) -> torch.Tensor:
     a, b, c = host[:, op.col("a")], host[:, op.col("b")], host[:, op.col("c")]
     for code in np.unique(codes[codes > 0]):
         rows = np.flatnonzero(codes == code)
-        run = CALLS[PILLOW_CALLS[code]]
+        name = PILLOW_CALLS[code]
+        if name == "keep":  # a branch point of Image.blend: these samples' images, kept as they are
+            if batch.kept is None or batch.kept.shape != x.shape:
+                batch.kept = torch.zeros_like(x)
+            index = upload(rows, x.device)
+            batch.kept[index] = x.index_select(0, index)
+            continue
+        if name == "blend_kept":
+            x = update_rows(x, rows, lambda sub, _, rows=rows: _blend_kept(sub, batch.kept, rows, a[rows], b[rows]))
+            continue
+        run = CALLS[name]
         x = update_rows(x, rows, lambda sub, _, run=run, rows=rows: run(sub, a[rows], b[rows], c[rows]))
     return x
+
+
+def _blend_kept(x: torch.Tensor, kept: torch.Tensor, rows: np.ndarray, alpha, order) -> torch.Tensor:
+    """Image.blend(kept, image, alpha) where ``order`` is 0, Image.blend(image, kept, alpha) where 1."""
+    first = kept.index_select(0, upload(rows, x.device)).to(x.dtype)
+    swap = _per_sample(order, x) != 0
+    in1, in2 = torch.where(swap, x, first), torch.where(swap, first, x)
+    return blend(in1, in2, _per_sample(alpha, x))

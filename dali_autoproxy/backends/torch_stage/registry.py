@@ -22,6 +22,7 @@ class Batch:
     params: torch.Tensor
     integer: bool = True
     sizes: Optional[np.ndarray] = None  # int64 [B, 2]: each sample's (height, width) when they differ
+    kept: Optional[torch.Tensor] = None  # the images a recorded Image.blend keeps ("keep" / "blend_kept")
 
     def flag(self, slot: int) -> torch.Tensor:
         """params[:, slot] != 0 as a [B, 1, 1, 1] mask (a per-sample coin)."""
