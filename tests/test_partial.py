@@ -6,7 +6,7 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from helpers import image_folder, last_report, load_all, recording_off
 from photos import MEAN, STD
-from PIL import ImageFilter
+from PIL import Image, ImageFilter
 
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.planning import build_plan
@@ -36,7 +36,7 @@ def test_user_pil_step_splits_the_chain(photo_root):
 
 
 def test_lambda_in_a_v2_chain(photo_root):
-    tf = v2.Compose([v2.RandomResizedCrop(128), v2.Lambda(lambda im: im.rotate(90)), v2.ToImage(),
+    tf = v2.Compose([v2.RandomResizedCrop(128), v2.Lambda(lambda im: im.rotate(30, Image.BICUBIC)), v2.ToImage(),
                      v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
     ds = image_folder(photo_root, tf)
     ref = load_all(ds, autoproxy=False, shuffle=True, seed=2)

@@ -104,7 +104,7 @@ def _record(fn, size=(96, 64)):
         recording.active -= 1
 
 
-def test_recorded_sizes_are_pillows():
+def test_recorded_sizes_are_pillows(pillow_hooks):
     for fn in list(GEOMETRY.values())[:-1]:
         random.seed(3)
         got = _record(fn)
