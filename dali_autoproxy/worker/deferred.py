@@ -24,6 +24,8 @@ from typing import Any, Optional, Tuple
 
 from PIL import Image, JpegImagePlugin
 
+from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, recording
+
 _SOF_BASELINE_PROGRESSIVE = (0xC0, 0xC1, 0xC2)  # 8-bit Huffman frames, which PIL opens as "L"/"RGB"
 _STANDALONE = set(range(0xD0, 0xD8)) | {0x01}     # markers without a length field
 
@@ -147,10 +149,10 @@ class DeferredJpeg(LazyPixels):
         return super().convert(mode, *args, **kwargs)
 
     def crop(self, *args: Any, **kwargs: Any) -> Image.Image:
-        return _resized(self, self, (), "crop", args, kwargs) or super().crop(*args, **kwargs)
+        return _kept_call(self, self, (), "crop", args, kwargs) or super().crop(*args, **kwargs)
 
     def resize(self, *args: Any, **kwargs: Any) -> Image.Image:
-        return _resized(self, self, (), "resize", args, kwargs) or super().resize(*args, **kwargs)
+        return _kept_call(self, self, (), "resize", args, kwargs) or super().resize(*args, **kwargs)
 
 
 class ResizedJpeg(LazyPixels):
@@ -190,22 +192,21 @@ class ResizedJpeg(LazyPixels):
         return super().convert(mode, *args, **kwargs)
 
     def crop(self, *args: Any, **kwargs: Any) -> Image.Image:
-        return (self._im is None and _resized(self, self.source, self.calls, "crop", args, kwargs)
+        return (self._im is None and _kept_call(self, self.source, self.calls, "crop", args, kwargs)
                 or super().crop(*args, **kwargs))
 
     def resize(self, *args: Any, **kwargs: Any) -> Image.Image:
-        return (self._im is None and _resized(self, self.source, self.calls, "resize", args, kwargs)
+        return (self._im is None and _kept_call(self, self.source, self.calls, "resize", args, kwargs)
                 or super().resize(*args, **kwargs))
 
 
 MAX_KEPT_CALLS = 4  # crops and resizes kept on an encoded JPEG; more: it decodes
 
 
-def _resized(img: Image.Image, source: DeferredJpeg, calls: tuple, method: str, args: tuple,
+def _kept_call(img: Image.Image, source: DeferredJpeg, calls: tuple, method: str, args: tuple,
              kwargs: dict) -> Optional[Image.Image]:
     """``img.<method>(*args, **kwargs)`` kept on the encoded JPEG where a recording image records
     it as Pillow would compute it (None: Pillow decodes and does it, as always)."""
-    from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, recording
     if not source.deferred or len(calls) >= MAX_KEPT_CALLS:
         return None
     before = RecordingImage(img.size, "RGB", getattr(img, "recorded", ()))

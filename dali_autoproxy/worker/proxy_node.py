@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
+import torchvision.transforms as T
 from PIL import Image
 
 from dali_autoproxy.config import logger
@@ -84,11 +85,9 @@ class DatasetResize:
             img = getattr(img, method)(*args, **kwargs)
         return img
 
-    @staticmethod
-    def chain(kept: "DatasetResize", chain: Any) -> Any:
-        """What to plan: the kept calls, then the chain's own transforms."""
-        import torchvision.transforms as T
-        return T.Compose([kept] + flatten(chain))
+    def before(self, chain: Any) -> Any:
+        """What to plan: these calls, then the chain's own transforms."""
+        return T.Compose([self] + flatten(chain))
 
 
 def _join(head: Any, head_plan: Plan, tail: Any) -> Optional[Plan]:
@@ -184,7 +183,7 @@ class ProxyNode:
         for _ in range(MAX_REPLANS):
             if self.kept_plan is _UNPLANNED:
                 try:
-                    self.kept_plan = build_plan(DatasetResize.chain(self.kept, self.original))
+                    self.kept_plan = build_plan(self.kept.before(self.original))
                 except Unsupported:
                     self.kept_plan = None
             plan = self.kept_plan
