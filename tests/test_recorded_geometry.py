@@ -1,7 +1,7 @@
 """Recorded size changes: a user's class that crops and resizes (with Pillow's methods or
 torchvision's functional API on PIL images) runs on DALI's side, every pixel equal to plain's
 (real DataLoader workers, DALI's CPU backend, photographs); what Pillow would do differently
-(``box=``, a filter without an exact kernel, ``reducing_gap`` that reduces first) needs pixels
+(a box Pillow refuses, ``reducing_gap`` that reduces first, an expanding rotation) needs pixels
 and runs in the worker, exactly plain."""
 import random
 
@@ -41,7 +41,12 @@ GEOMETRY = {
     "crop_past_the_edges": lambda img: img.crop((img.width - 50, -4, img.width + 9, 50)),
     "crop_float_box": lambda img: img.crop((3.4, 2.6, 60.5, 41.49)),
     "resize_default_bicubic": lambda img: img.resize((130, 70)),
-    "resize_each_filter": lambda img: img.resize((45, 37), random.choice([0, 2, 3, 4])),
+    "resize_each_filter": lambda img: img.resize((45, 37), random.choice([0, 1, 2, 3, 4, 5])),
+    "resize_lanczos_up": lambda img: img.resize((130, 101), Image.LANCZOS),
+    "resize_a_random_box": lambda img: img.resize(
+        (40, 30), random.choice([0, 1, 2, 3, 4, 5]),
+        box=(random.uniform(0, 20), random.uniform(0, 10), random.uniform(40, img.width), img.height - 0.5)),
+    "resize_a_box_to_its_size": lambda img: img.resize((50, 40), Image.HAMMING, box=(3, 2, 53, 42)),
     "resize_reducing_gap_no_reduction": lambda img: img.resize((80, 57), Image.BILINEAR, reducing_gap=8.0),
     "tf_resize_center_crop": lambda img: TF.center_crop(TF.resize(img, 80), 64),
     "tf_resized_crop": lambda img: TF.resized_crop(img, random.randint(0, 20), random.randint(0, 30), 60, 70,
@@ -114,9 +119,8 @@ def test_recorded_sizes_are_pillows(pillow_hooks):
 
 
 @pytest.mark.parametrize("call", [
-    lambda img: img.resize((40, 30), box=(0, 0, 50, 40)),
-    lambda img: img.resize((40, 30), Image.LANCZOS),
-    lambda img: img.resize((40, 30), Image.HAMMING),
+    lambda img: img.resize((40, 30), box=(0, 0, 97, 40)),
+    lambda img: img.resize((40, 30), box=(20, 0, 10, 40)),
     lambda img: img.resize((20, 15), Image.BILINEAR, reducing_gap=1.5),
     lambda img: img.resize((20.5, 15)),
     lambda img: img.crop((10, 10, 10, 20)),
@@ -127,7 +131,7 @@ def test_recorded_sizes_are_pillows(pillow_hooks):
     lambda img: img.transform((40, 30), Image.Transform.AFFINE, (1, 0, 0, 0, 1, 0)),
     lambda img: img.transform((96, 64), Image.Transform.PERSPECTIVE, (1, 0, 0, 0, 1, 0, 0, 0), Image.BICUBIC),
     lambda img: img.transform((96, 64), Image.Transform.QUAD, (0, 0, 0, 64, 96, 64, 96, 0)),
-], ids=["box", "lanczos", "hamming", "reducing_gap", "float_size", "empty_crop", "reversed_crop", "expand",
+], ids=["box_past_the_edge", "box_reversed", "reducing_gap", "float_size", "empty_crop", "reversed_crop", "expand",
         "bicubic_rotate", "int_fill", "affine_resizing", "bicubic_perspective", "quad"])
 def test_what_pillow_does_otherwise_needs_pixels(call):
     with pytest.raises(NeedsPixels):
@@ -136,9 +140,9 @@ def test_what_pillow_does_otherwise_needs_pixels(call):
 
 @pytest.mark.parametrize("name", ["box", "reversed"])
 def test_a_class_whose_size_change_needs_pixels_is_plains(photo_root, name):
-    """resize(box=...) runs in the worker with the rest of the class; a reversed crop box raises
-    Pillow's own ValueError, as plain."""
-    fn = {"box": lambda img: img.resize((40, 30), box=(1, 2, 50, 40)),
+    """A resize that reduces first runs in the worker with the rest of the class; a reversed crop
+    box raises Pillow's own ValueError, as plain."""
+    fn = {"box": lambda img: img.resize((40, 30), Image.BICUBIC, box=(1, 2, 90, 60), reducing_gap=1.0),
           "reversed": lambda img: img.crop((30, 10, 20, 20))}[name]
     ds = image_folder(photo_root, T.Compose([UserClass(fn), T.PILToTensor()]))
     if name == "reversed":
@@ -201,7 +205,7 @@ def test_a_datasets_own_crop_and_resize_before_the_chain(photo_root, name):
     for (xa, ya), (xb, yb) in zip(ref, out):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
     rep = last_report()
-    on_dali = name not in ("reads_its_pixels", "resize_with_box")
+    on_dali = name != "reads_its_pixels"
     assert (rep["decode"] == "DALI 100%") == on_dali, rep
     if on_dali:
         assert rep["dali_transforms"][:2] == ["decode", "DatasetResize"], rep

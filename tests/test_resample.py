@@ -81,7 +81,7 @@ def _triton_resize(x, ins, outs, kinds):
     order = resample.vertical_first(ins, outs)
     as_dali_made_it = x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().to(DEVICE).permute(0, 3, 1, 2)
     return resample._by_order(lambda *a: resample._two_passes_triton(_triton_resample.resample_axis, *a),
-                              as_dali_made_it, ins, outs, kinds, order)
+                              as_dali_made_it, ins, outs, kinds, np.concatenate([0 * ins, ins], 1), order)
 
 
 DEVICE = "cpu"

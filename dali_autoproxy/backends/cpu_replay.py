@@ -43,7 +43,7 @@ from dali_autoproxy.plan.ir import (
     jitter_order,
 )
 from dali_autoproxy.plan.kernel_table import KernelTable
-from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS, PILLOW_CALLS, PillowBlur, PillowCall
+from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS, PILLOW_CALLS, PillowBlur, PillowCall, blur_window_of
 from dali_autoproxy.plan.planning import Plan
 from dali_autoproxy.plan.tv_internals import tensor_policy_operation
 
@@ -104,7 +104,8 @@ def _resize(img, op: Resize, row, v2_step):
 @CPU_KERNELS.register(PillowResize)
 def _pillow_resize(img, op: PillowResize, row, v2_step):  # what torchvision's resize asks of Pillow
     height, width, kind = (int(op.value(row, name)) for name in ("out_height", "out_width", "filter"))
-    return img.resize((width, height), kind)
+    top, left, bottom, right = (float(op.value(row, f"box_{side}")) for side in ("top", "left", "bottom", "right"))
+    return img.resize((width, height), kind, box=(left, top, right, bottom))
 
 
 @CPU_KERNELS.register(Flip)
@@ -252,7 +253,13 @@ _PILLOW_CALLS = {  # what the user's code called, called again with the same arg
     "sharpness": lambda img, a, b, c: ImageEnhance.Sharpness(img).enhance(a),
     "hue": lambda img, a, b, c: F.adjust_hue(img, _hue_factor(int(a))),
     "unsharp_mask": lambda img, a, b, c: img.filter(ImageFilter.UnsharpMask(a, int(b), int(c))),
+    "tv_blur": lambda img, a, b, c: _torchvision_blur(img, int(a), b, c),
 }
+
+
+def _torchvision_blur(img, window: int, sigma_x: float, sigma_y: float):
+    v2, kx, ky = blur_window_of(window)
+    return (F2 if v2 else F).gaussian_blur(img, [kx, ky], [sigma_x, sigma_y])
 
 
 def _hue_factor(shift: int) -> float:

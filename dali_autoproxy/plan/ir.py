@@ -103,21 +103,25 @@ class Resize(Op):
     size: Optional[Tuple[int, int]] = None
 
 
-PILLOW_FILTERS = {"nearest": 0, "bilinear": 2, "bicubic": 3, "box": 4}  # PIL.Image.Resampling values
+# PIL.Image.Resampling's values
+PILLOW_FILTERS = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
 
 
 @dataclass(frozen=True)
 class PillowResize(Op):
     """Pillow's ``Image.resize`` of a PIL image, as torchvision's resize and resized_crop call it:
     each sample from its size params[slot:slot+2] = [height, width] to params[slot+2:slot+4],
-    with Pillow's filter params[slot+4] (its NEAREST 0, BILINEAR 2, BICUBIC 3 or BOX 4), so one
-    batch may mix filters (timm draws one per image). Exact, border included: Pillow's clipped and
+    with Pillow's filter params[slot+4] (any of Pillow's six: NEAREST 0, LANCZOS 1, BILINEAR 2,
+    BICUBIC 3, BOX 4, HAMMING 5), so one batch may mix filters (timm draws one per image); the
+    region resized is Pillow's ``box`` (top, left, bottom, right: C floats; the whole image
+    unless the user's code passed one). Exact, border included: Pillow's clipped and
     renormalised weights in its fixed point (torch_stage/resample.py); DALI's resize differs at
     the edges, so it is used only with ``fidelity="fast"``. Accepts samples of different sizes.
     ``size``: the output size when it is the same for every sample (it names the plan, so that
     chains resizing to different sizes get pipelines whose batches stay of one size)."""
     placement: ClassVar[Placement] = Placement.TORCH
-    params: ClassVar[Tuple[str, ...]] = ("in_height", "in_width", "out_height", "out_width", "filter")
+    params: ClassVar[Tuple[str, ...]] = ("in_height", "in_width", "out_height", "out_width", "filter",
+                                         "box_top", "box_left", "box_bottom", "box_right")
     keeps_size: ClassVar[bool] = False
     ragged: ClassVar[bool] = True
     slot: int

@@ -50,7 +50,18 @@ PILLOW_CALLS = (
     "transpose",       # transpose(TRANSPOSE) of a square image (with the flips: ROTATE_90 / 270, TRANSVERSE)
     "keep",            # Image.blend's first branch point: the image as it is here, kept for "blend_kept"
     "blend_kept",      # Image.blend(kept, image, a) (b = 0) or Image.blend(image, kept, a) (b = 1)
+    "tv_blur",         # torchvision's gaussian_blur on PIL: a = blur_window(v2, kx, ky), b, c = sigma x, y
 )
+
+
+def blur_window(v2: bool, kernel_x: int, kernel_y: int) -> int:
+    """torchvision's gaussian_blur window and version as one value (``tv_blur``'s ``a``)."""
+    return (int(v2) << 24) | (kernel_x << 12) | kernel_y
+
+
+def blur_window_of(code: int) -> Tuple[bool, int, int]:
+    code = int(code)
+    return bool(code >> 24), (code >> 12) & 0xFFF, code & 0xFFF
 CALL_CODE = {name: code for code, name in enumerate(PILLOW_CALLS)}
 # Pillow's fixed convolutions (ImageFilter's BuiltinFilter classes), by name
 BUILTIN_KERNELS = ("BLUR", "CONTOUR", "DETAIL", "EDGE_ENHANCE", "EDGE_ENHANCE_MORE", "EMBOSS", "FIND_EDGES",

@@ -32,16 +32,18 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torchvision.transforms._functional_pil as F_pil
+import torchvision.transforms.functional as F1
 import torchvision.transforms.v2.functional as F2
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
-from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS
+from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS, blur_window
 from dali_autoproxy.plan.tv_internals import v2_pil_kernels
 
 Call = Tuple[Any, ...]  # (PILLOW_CALLS name, a, b, c), or a size change: GEOMETRY_CALLS
 # calls that change the size, recorded as their own ops (ir.Crop, ir.PillowResize):
 #   ("crop", top, left, height, width): Image.crop, outside the image zeros as Pillow's
-#   ("resize", height, width, filter): Image.resize of the whole image with Pillow's filter 0, 2, 3 or 4
+#   ("resize", height, width, filter, top, left, bottom, right): Image.resize of its box, any of Pillow's
+#       six filters
 #   ("warp", fill, bilinear, a, b, c, d, e, f): Image.transform(AFFINE) to the same size (Image.rotate)
 #   ("perspective", fill, bilinear, a, .., h): Image.transform(PERSPECTIVE) to the same size
 GEOMETRY_CALLS = ("crop", "resize", "warp", "perspective")
@@ -53,8 +55,8 @@ def call_token(call: Call) -> Any:
     if call[0] == "tensor":  # made a tensor (plan/recording_tensor.py): the transform it equals
         return tuple(call)
     return tuple(call[:3]) if call[0] in ("warp", "perspective") else call[0]
-RESIZE_FILTERS = (Image.Resampling.NEAREST, Image.Resampling.BILINEAR, Image.Resampling.BICUBIC,
-                  Image.Resampling.BOX)  # what ir.PillowResize computes exactly
+RESIZE_FILTERS = (Image.Resampling.NEAREST, Image.Resampling.LANCZOS, Image.Resampling.BILINEAR,
+                  Image.Resampling.BICUBIC, Image.Resampling.BOX, Image.Resampling.HAMMING)  # ir.PillowResize's
 
 MAX_CALLS = 16  # calls one transform may record per sample; more: it runs in the worker
 
@@ -122,6 +124,20 @@ def _needs_pixels() -> NeedsPixels:
                            "returned; enable(record='off') (DALI_AUTOPROXY_RECORD=off) leaves such transforms "
                            "in the worker")
     return NeedsPixels(f"Image.{_pil_caller()}", _user_frame())
+
+
+def _resize_box(box: Any, size: Tuple[int, int]) -> Optional[Tuple[float, float, float, float]]:
+    """``Image.resize``'s box as Pillow's C code reads it (four C floats), or None where Pillow
+    would refuse it (outside the image, empty) or it is not four numbers."""
+    if box is None:
+        return (0.0, 0.0, float(size[0]), float(size[1]))
+    try:
+        left, top, right, bottom = (float(np.float32(v)) for v in box)
+    except (TypeError, ValueError):
+        return None
+    if not (0 <= left < right <= size[0] and 0 <= top < bottom <= size[1]):
+        return None
+    return left, top, right, bottom
 
 
 class RecordingImage(Image.Image):
@@ -226,15 +242,17 @@ class RecordingImage(Image.Image):
             exact = (width, height) == tuple(size) and width > 0 and height > 0
         except (TypeError, ValueError):
             exact = False
-        whole = box is None or tuple(box) == (0, 0, *self.size)
-        if not (exact and whole and resample in RESIZE_FILTERS) or (reducing_gap is not None and reducing_gap < 1):
-            raise _needs_pixels()  # box=, another filter, an odd size: as Pillow does it, in the worker
-        if (width, height) == self.size:
+        region = _resize_box(box, self.size)
+        if not (exact and region is not None and resample in RESIZE_FILTERS) or (
+                reducing_gap is not None and reducing_gap < 1):
+            raise _needs_pixels()  # another filter, an odd size or box: as Pillow does it (or raises), in the worker
+        left, top, right, bottom = region
+        if (width, height) == self.size and region == (0, 0, *self.size):
             return self._same()
         if reducing_gap is not None and resample != Image.Resampling.NEAREST and (
-                int(self.width / width / reducing_gap) > 1 or int(self.height / height / reducing_gap) > 1):
+                int((right - left) / width / reducing_gap) > 1 or int((bottom - top) / height / reducing_gap) > 1):
             raise _needs_pixels()  # Pillow reduces first: not recorded
-        return self._sized((width, height), ("resize", height, width, int(resample)))
+        return self._sized((width, height), ("resize", height, width, int(resample), top, left, bottom, right))
 
     def transform(self, size: Any, method: Any, data: Any = None, resample: Any = Image.Resampling.NEAREST,
                   fill: int = 1, fillcolor: Any = None) -> Image.Image:
@@ -348,6 +366,42 @@ def _adjust_hue(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return wrapped(*args, **kwargs)
 
 
+def _blur_arguments(kernel_size: Any, sigma: Any) -> Optional[Tuple[int, int, float, float]]:
+    """torchvision's gaussian_blur arguments as it completes them (v1 and v2 alike): window x, y
+    and sigma x, y; None where it would raise (its error comes from the plain run)."""
+    try:
+        kx, ky = (kernel_size, kernel_size) if type(kernel_size) is int else kernel_size
+        if sigma is None:
+            sigma = [kx * 0.15 + 0.35, ky * 0.15 + 0.35]
+        elif isinstance(sigma, (int, float)):
+            sigma = [float(sigma), float(sigma)]
+        elif isinstance(sigma, (list, tuple)) and len(sigma) == 1:
+            sigma = [sigma[0], sigma[0]]
+        sx, sy = sigma
+    except (TypeError, ValueError):
+        return None
+    if not (all(type(k) is int and k > 0 and k % 2 == 1 and k < 4096 for k in (kx, ky))
+            and all(isinstance(s, (int, float)) and s > 0 for s in (sx, sy))):
+        return None
+    return kx, ky, float(sx), float(sy)
+
+
+def _gaussian_blur(v2: bool):
+    """torchvision's gaussian_blur of a PIL image: pil_to_tensor, its float32 kernel, reflect
+    padding, to_pil_image of the rounded result (``tv_blur``)."""
+    def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        named = dict(zip(("img" if not v2 else "image", "kernel_size", "sigma"), args), **kwargs)
+        image = named.get("img", named.get("image"))
+        if not _is_recording(image):
+            return wrapped(*args, **kwargs)
+        found = _blur_arguments(named.get("kernel_size"), named.get("sigma"))
+        if found is None or len(named) > 3 or found[0] // 2 >= image.width or found[1] // 2 >= image.height:
+            raise _needs_pixels()
+        kx, ky, sx, sy = found
+        return image.then("tv_blur", blur_window(v2, kx, ky), sx, sy)
+    return hook
+
+
 def _blend(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """``Image.blend(im1, im2, alpha)`` of two recording images one of which was made from the
     other by size-keeping calls (``Image.blend(img, img.filter(...), a)``): the common image kept
@@ -371,11 +425,13 @@ def _blend(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 # (owner, attribute, wrapt wrapper): installed in a proxied loader's workers (worker/install.py)
 PILLOW_HOOKS = [(Image, "blend", _blend), (ImageOps, "equalize", _equalize), (ImageOps, "autocontrast", _autocontrast),
                 (ImageEnhance._Enhance, "enhance", _enhance),
-                (F_pil, "to_grayscale", _to_grayscale), (F_pil, "adjust_hue", _adjust_hue)] + [
+                (F_pil, "to_grayscale", _to_grayscale), (F_pil, "adjust_hue", _adjust_hue),
+                (F1, "gaussian_blur", _gaussian_blur(False))] + [
     (cls, "__init__", _enhancer_init) for cls in _ENHANCERS]
-_V2_HUE = v2_pil_kernels(F2.adjust_hue)  # v2 dispatches PIL images to its registered kernel, not F_pil's attribute
-if _V2_HUE is not None and Image.Image in _V2_HUE:
-    PILLOW_HOOKS.append((_V2_HUE, Image.Image, _adjust_hue))
+for _functional, _hook in ((F2.adjust_hue, _adjust_hue), (F2.gaussian_blur, _gaussian_blur(True))):
+    _table = v2_pil_kernels(_functional)  # v2 dispatches PIL images to its registered kernel, not an attribute
+    if _table is not None and Image.Image in _table:
+        PILLOW_HOOKS.append((_table, Image.Image, _hook))
 
 # what planning knows of transforms that were recorded (process-wide; each worker learns its own)
 PIXEL_READERS: Dict[type, str] = {}   # transform type: the call that needed pixels (it runs in the worker)

@@ -2,6 +2,9 @@
 filter (for RandomAdjustSharpness) and Pillow's 3 x 3 and 5 x 5 kernels (recorded ``filter`` calls)."""
 from __future__ import annotations
 
+import math
+from typing import Tuple
+
 import numpy as np
 import torch
 import torch.nn.functional as nnf
@@ -11,20 +14,27 @@ from dali_autoproxy.backends.torch_stage.registry import Batch, kernel
 from dali_autoproxy.plan.ir import Blur
 
 
-def gaussian_blur(x: torch.Tensor, op: Blur, params: torch.Tensor) -> torch.Tensor:
-    """torchvision's gaussian_blur with a per-sample sigma: its 2-D kernel, reflect padding,
-    float32 convolution, rounding for integer images."""
+def gaussian_blur(x: torch.Tensor, kernel: Tuple[int, int], sigma_y: torch.Tensor, sigma_x: torch.Tensor,
+                  v2: bool = False, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """torchvision's gaussian_blur with a per-sample sigma: its 2-D kernel (v1's normalised
+    exponentials or v2's softmax, in float32 as torchvision computes it), reflect padding, the
+    convolution in ``dtype`` (float64: no TF32 and no summation order to speak of)."""
     b, c, h, w = x.shape
-    kh, kw = op.kernel
+    kh, kw = kernel
 
     def kernel1d(size: int, sigma: torch.Tensor) -> torch.Tensor:
+        sigma = sigma.to(device=x.device, dtype=torch.float32)[:, None]
+        if v2:
+            lim = (size - 1) / (2.0 * math.sqrt(2.0))
+            pts = torch.linspace(-lim, lim, steps=size, device=x.device)
+            return torch.softmax((pts[None, :] / sigma).pow(2).neg(), dim=1)
         half = (size - 1) * 0.5
         pts = torch.linspace(-half, half, steps=size, device=x.device)
-        pdf = torch.exp(-0.5 * (pts[None, :] / sigma[:, None].to(torch.float32)).pow(2))
+        pdf = torch.exp(-0.5 * (pts[None, :] / sigma).pow(2))
         return pdf / pdf.sum(1, keepdim=True)
-    ky, kx = kernel1d(kh, params[:, op.col("sigma_y")]), kernel1d(kw, params[:, op.col("sigma_x")])
-    weight = (ky[:, :, None] * kx[:, None, :]).repeat_interleave(c, 0).unsqueeze(1)
-    padded = nnf.pad(x.reshape(1, b * c, h, w), [kw // 2, kw // 2, kh // 2, kh // 2], mode="reflect")
+    ky, kx = kernel1d(kh, sigma_y), kernel1d(kw, sigma_x)
+    weight = (ky[:, :, None] * kx[:, None, :]).repeat_interleave(c, 0).unsqueeze(1).to(dtype)
+    padded = nnf.pad(x.reshape(1, b * c, h, w).to(dtype), [kw // 2, kw // 2, kh // 2, kh // 2], mode="reflect")
     return nnf.conv2d(padded, weight, groups=b * c).reshape(b, c, h, w)
 
 
@@ -61,5 +71,5 @@ def pillow_kernel(x: torch.Tensor, size: int, weights, offset: float) -> torch.T
 
 @kernel(Blur)
 def _blur(x: torch.Tensor, op: Blur, batch: Batch) -> torch.Tensor:
-    x = gaussian_blur(x, op, batch.params)
+    x = gaussian_blur(x, op.kernel, batch.params[:, op.col("sigma_y")], batch.params[:, op.col("sigma_x")])
     return torch.round(x) if batch.integer else x

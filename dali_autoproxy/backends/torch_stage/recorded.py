@@ -12,10 +12,10 @@ import torch
 from PIL import ImageFilter
 
 from dali_autoproxy.backends.torch_stage.color import autocontrast, blend, blend_step, equalize, luma, shift_hue
-from dali_autoproxy.backends.torch_stage.filters import pillow_kernel, smooth
+from dali_autoproxy.backends.torch_stage.filters import gaussian_blur, pillow_kernel, smooth
 from dali_autoproxy.backends.torch_stage.pillow_filters import pillow_blur
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
-from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS, PILLOW_CALLS, PillowCall
+from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS, PILLOW_CALLS, PillowCall, blur_window_of
 
 Call = Callable[..., torch.Tensor]  # (samples, a, b, c) -> samples, a b c the calls' values
 
@@ -59,6 +59,20 @@ def _unsharp_mask(x: torch.Tensor, radius, percent, threshold) -> torch.Tensor:
     return torch.where(diff.abs() > thr, sharp, xi).to(x.dtype)
 
 
+def _torchvision_blur(x: torch.Tensor, window, sigma_x, sigma_y) -> torch.Tensor:
+    """torchvision's gaussian_blur of a PIL image (pil_to_tensor, the float32 kernel, to_pil_image
+    of the rounded result); the samples of one call position may differ in window and version.
+    The convolution in float64: within one level of torchvision's float32 one (docs/transforms.md)."""
+    codes = np.asarray(window, dtype=np.int64)
+    sx, sy = np.asarray(sigma_x, dtype=np.float32), np.asarray(sigma_y, dtype=np.float32)
+    for code in np.unique(codes):
+        v2, kx, ky = blur_window_of(code)
+        rows = np.flatnonzero(codes == code)
+        x = update_rows(x, rows, lambda sub, _, rows=rows, v2=v2, kx=kx, ky=ky: torch.round(gaussian_blur(
+            sub, (ky, kx), torch.from_numpy(sy[rows]), torch.from_numpy(sx[rows]), v2, torch.float64)))
+    return x
+
+
 def _posterize(x: torch.Tensor, a, b, c) -> torch.Tensor:
     masks = upload(np.asarray(a, dtype=np.int64), x.device).view(-1, 1, 1, 1)
     return (x.to(torch.int64) & masks).to(x.dtype)
@@ -83,6 +97,7 @@ CALLS: Dict[str, Call] = {
     "sharpness": lambda x, a, b, c: blend(smooth(x), x, _per_sample(a, x)),
     "hue": lambda x, a, b, c: shift_hue(x, upload(np.asarray(a, dtype=np.int32), x.device)),
     "unsharp_mask": lambda x, a, b, c: _unsharp_mask(x, a, b, c),
+    "tv_blur": _torchvision_blur,
 }
 
 

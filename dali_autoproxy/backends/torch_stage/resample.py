@@ -23,120 +23,45 @@ here reads the valid region of each sample from ``Batch.sizes`` and leaves the p
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import numpy as np
 import torch
 
+from dali_autoproxy.backends.torch_stage import pillow_weights
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, upload
-from dali_autoproxy.plan.ir import PILLOW_FILTERS, Crop, PillowResize
-
-NEAREST, BILINEAR, BICUBIC, BOX = (PILLOW_FILTERS[k] for k in ("nearest", "bilinear", "bicubic", "box"))
-_SUPPORT = {BOX: 0.5, BILINEAR: 1.0, BICUBIC: 2.0}
-PRECISION_BITS = 22  # Resample.c: 32 - 8 bits of result - 2 bits of overflow
+from dali_autoproxy.plan.ir import Crop, PillowResize
 
 
-def _filter(kind: int, x: torch.Tensor) -> torch.Tensor:
-    """Resample.c's box_filter, bilinear_filter and bicubic_filter (a = -0.5), same operation
-    order, float64, one torch op per C operation (so nothing is contracted into a multiply-add)."""
-    if kind == BOX:
-        return ((x > -0.5) & (x <= 0.5)).to(torch.float64)
-    x = x.abs()
-    if kind == BILINEAR:
-        return torch.where(x < 1.0, 1.0 - x, 0.0)
-    a = -0.5
-    near = (((x * (a + 2.0)) - (a + 3.0)) * x) * x + 1
-    far = ((((x - 5) * x) + 8) * x - 4) * a
-    return torch.where(x < 1.0, near, torch.where(x < 2.0, far, 0.0))
+def _whole(in_sizes: np.ndarray) -> np.ndarray:
+    return np.stack([np.zeros(len(in_sizes)), np.asarray(in_sizes, dtype=np.float64)], 1)
 
 
-def batch_coefficients(in_sizes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, out_max: int,
-                       device: torch.device = torch.device("cpu")) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Pillow's weights for resizing sample b's ``in_sizes[b]`` pixels (box 0..in_size) to
-    ``out_sizes[b]`` with filter ``kinds[b]``, for a whole batch at once, on ``device``: the first
-    input pixel of each output pixel (int64 [B, out_max]) and its fixed-point weights (int64
-    [B, out_max, K]), zero past each sample's output size and past the pixels Pillow uses.
-    precompute_coeffs and normalize_coeffs_8bpc in the C's operation order, in float64 (IEEE
-    arithmetic, each operation its own op, on the GPU as on the host); NEAREST's running sum of
-    the scale is sequential on the host (a device scan would add in another order)."""
-    in_sizes = np.asarray(in_sizes, dtype=np.int64)
-    out_sizes = np.asarray(out_sizes, dtype=np.int64)
-    kinds = np.asarray(kinds, dtype=np.int64)
-    n = len(in_sizes)
-    scale_host = in_sizes.astype(np.float32).astype(np.float64) / out_sizes  # the box is single precision
-    rows_host = np.arange(out_max)[None, :] < out_sizes[:, None]
-    nearest = kinds == NEAREST
-    first_host = np.zeros((n, out_max), dtype=np.int64)
-    near_w = np.zeros((n, out_max), dtype=np.int64)
-    if nearest.any():  # ImagingScaleAffine: COORD of a running sum of the scale
-        step = scale_host[nearest][:, None]
-        pos = np.add.accumulate(np.concatenate([0.0 + step * 0.5, np.repeat(step, out_max - 1, 1)], 1), axis=1)
-        start = np.where(pos < 0, -1, pos.astype(np.int64))
-        inside = (start >= 0) & (start < in_sizes[nearest][:, None]) & rows_host[nearest]
-        first_host[nearest] = np.where(inside, start, 0)
-        near_w[nearest] = np.where(inside, 1 << PRECISION_BITS, 0)
-    support_host = np.array([_SUPPORT.get(int(k), 0.0) for k in kinds]) * np.maximum(scale_host, 1.0)
-    taps = int(np.max(np.ceil(support_host).astype(np.int64) * 2 + 1)) if (~nearest).any() else 1
-    first = upload(first_host, device)
-    weights = torch.zeros((n, out_max, taps), dtype=torch.int64, device=device)
-    weights[:, :, 0] = upload(near_w, device)
-    filt = np.flatnonzero(~nearest)
-    if not len(filt):
-        return first, weights
-    idx = upload(filt, device)
-    sc = upload(scale_host[filt], device).view(-1, 1)
-    filterscale = torch.clamp(sc, min=1.0)
-    support = upload(np.array([_SUPPORT[int(k)] for k in kinds[filt]]), device).view(-1, 1) * filterscale
-    inv_filterscale = 1.0 / filterscale
-    xx = torch.arange(out_max, device=device, dtype=torch.float64).view(1, -1)
-    center = 0.0 + (xx + 0.5) * sc
-    xmin = torch.clamp((center - support + 0.5).to(torch.int64), min=0)  # (int) truncates toward zero
-    xmax = torch.minimum((center + support + 0.5).to(torch.int64), upload(in_sizes[filt], device).view(-1, 1)) - xmin
-    t = torch.arange(taps, device=device).view(1, 1, -1)
-    rows = upload(rows_host[filt], device)
-    used = (t < xmax.unsqueeze(2)) & rows.unsqueeze(2)
-    arg = (((t + xmin.unsqueeze(2)).to(torch.float64) - center.unsqueeze(2)) + 0.5) * inv_filterscale.unsqueeze(2)
-    w = torch.zeros_like(arg)
-    kinds_f = kinds[filt]
-    for kind in np.unique(kinds_f):
-        sel = upload(np.flatnonzero(kinds_f == kind), device)
-        w[sel] = _filter(int(kind), arg[sel])
-    w = torch.where(used, w, 0.0)
-    ww = torch.zeros_like(center)
-    for k in range(taps):  # the C's sequential sum
-        ww = torch.where(used[:, :, k], ww + w[:, :, k], ww)
-    nonzero = (ww != 0.0).unsqueeze(2)
-    k_norm = torch.where(nonzero, w / torch.where(nonzero, ww.unsqueeze(2), 1.0), w)
-    fixed = k_norm * float(1 << PRECISION_BITS)
-    kk = torch.where(k_norm < 0, -0.5 + fixed, 0.5 + fixed).to(torch.int64)  # (int): toward zero
-    weights[idx] = torch.where(used, kk, 0)
-    first[idx] = torch.where(rows, xmin, 0)
-    return first, weights
-
-
-def _weights(in_sizes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, in_max: int, out_max: int,
-             device: torch.device) -> torch.Tensor:
+def _weights(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, in_max: int,
+             out_max: int, device: torch.device) -> torch.Tensor:
     """float64 [B, out_max, in_max]: each sample's Pillow weights as a dense matrix (zero rows past
     its own output size, zero columns past its own input size)."""
-    first, kk = batch_coefficients(in_sizes, out_sizes, kinds, out_max, device)
-    index = (first.unsqueeze(2) + torch.arange(kk.shape[2], device=device)).clamp_(0, in_max - 1)
+    first, kk = _tables(in_sizes, boxes, out_sizes, kinds, out_max, device)
+    index = (first.long().unsqueeze(2) + torch.arange(kk.shape[2], device=device)).clamp_(0, in_max - 1)
     w = torch.zeros((len(first), out_max, in_max), dtype=torch.float64, device=device)
     return w.scatter_add_(2, index, kk.to(torch.float64))  # a zero weight may point anywhere
 
 
-def _tables(in_sizes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, out_max: int, device: torch.device):
+def _tables(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, out_max: int,
+            device: torch.device):
     """Each sample's Pillow weights in compact form, on ``device``: the first input pixel of each
-    output pixel (int32 [B, out_max]) and its weights (int32 [B, out_max, K])."""
-    first, kk = batch_coefficients(in_sizes, out_sizes, kinds, out_max, device)
-    return first.to(torch.int32).contiguous(), kk.to(torch.int32).contiguous()
+    output pixel (int32 [B, out_max]) and its weights (int32 [B, out_max, K]); the host's kept
+    tables (pillow_weights), queued as two copies."""
+    first, weights = pillow_weights.batch_weights(in_sizes, boxes, out_sizes, kinds, out_max)
+    return upload(first, device), upload(weights, device)
 
 
-def _triton_pass(kernel, x: torch.Tensor, in_sizes, out_sizes, kinds, along: int) -> torch.Tensor:
+def _triton_pass(kernel, x: torch.Tensor, in_sizes, boxes, out_sizes, kinds, along: int) -> torch.Tensor:
     """One pass of Pillow's resample along axis ``along`` (2: rows, 3: columns) of x [B, C, H, W]."""
     b, c = x.shape[0], x.shape[1]
     n_in, n_across = x.shape[along], x.shape[5 - along]
     n_out = int(np.max(out_sizes))
-    first_t, weights_t = _tables(in_sizes, out_sizes, kinds, n_out, x.device)
+    first_t, weights_t = _tables(in_sizes, boxes, out_sizes, kinds, n_out, x.device)
     shape = [b, c, 0, 0]
     shape[along], shape[5 - along] = n_out, n_across
     out = torch.empty(shape, dtype=torch.float32, device=x.device)
@@ -153,13 +78,13 @@ def triton_cdiv(n: int, k: int) -> int:
 
 
 def _two_passes_triton(kernel, x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
-                       columns_first: bool) -> torch.Tensor:
+                       boxes: np.ndarray, columns_first: bool) -> torch.Tensor:
     # x as DALI made it (uint8, any strides) or float32: the kernel reads either, whole numbers
     if columns_first:
-        rows = _triton_pass(kernel, x, in_hw[:, 1], out_hw[:, 1], kinds, along=3)
-        return _triton_pass(kernel, rows, in_hw[:, 0], out_hw[:, 0], kinds, along=2)
-    cols = _triton_pass(kernel, x, in_hw[:, 0], out_hw[:, 0], kinds, along=2)
-    return _triton_pass(kernel, cols, in_hw[:, 1], out_hw[:, 1], kinds, along=3)
+        rows = _triton_pass(kernel, x, in_hw[:, 1], boxes[:, 1::2], out_hw[:, 1], kinds, along=3)
+        return _triton_pass(kernel, rows, in_hw[:, 0], boxes[:, 0::2], out_hw[:, 0], kinds, along=2)
+    cols = _triton_pass(kernel, x, in_hw[:, 0], boxes[:, 0::2], out_hw[:, 0], kinds, along=2)
+    return _triton_pass(kernel, cols, in_hw[:, 1], boxes[:, 1::2], out_hw[:, 1], kinds, along=3)
 
 
 def _triton_kernel(x: torch.Tensor):
@@ -173,7 +98,8 @@ def _triton_kernel(x: torch.Tensor):
 
 def _clip8(s: torch.Tensor) -> torch.Tensor:
     """Resample.c's clip8 of a sum that started at 1 << 21: (s >> 22) clipped to 0..255."""
-    return s.add_(float(1 << (PRECISION_BITS - 1))).mul_(2.0 ** -PRECISION_BITS).floor_().clamp_(0, 255)
+    bits = pillow_weights.PRECISION_BITS
+    return s.add_(float(1 << (bits - 1))).mul_(2.0 ** -bits).floor_().clamp_(0, 255)
 
 
 def _pillow_orders_passes() -> bool:
@@ -191,19 +117,20 @@ ORDERS_PASSES = _pillow_orders_passes()
 
 
 def vertical_first(in_hw: np.ndarray, out_hw: np.ndarray) -> np.ndarray:
-    """Per sample, whether this Pillow resizes vertically first (ImagingResampleInner)."""
+    """Per sample, whether this Pillow resizes vertically first (ImagingResampleInner): from the
+    image's size, not the box's (a box does not change the order)."""
     shrink_y = in_hw[:, 0] - out_hw[:, 0]
     if not ORDERS_PASSES:
         return np.zeros(len(in_hw), dtype=bool)
     return (shrink_y > 0) & (shrink_y > (in_hw[:, 1] - out_hw[:, 1]) * 2)
 
 
-def _two_passes(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
+def _two_passes(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray, boxes: np.ndarray,
                 columns_first: bool) -> torch.Tensor:
     b, c, h, w = x.shape
     out_h, out_w = int(out_hw[:, 0].max()), int(out_hw[:, 1].max())
-    horizontal = _weights(in_hw[:, 1], out_hw[:, 1], kinds, w, out_w, x.device)  # [B, out_w, W]
-    vertical = _weights(in_hw[:, 0], out_hw[:, 0], kinds, h, out_h, x.device)    # [B, out_h, H]
+    horizontal = _weights(in_hw[:, 1], boxes[:, 1::2], out_hw[:, 1], kinds, w, out_w, x.device)  # [B, out_w, W]
+    vertical = _weights(in_hw[:, 0], boxes[:, 0::2], out_hw[:, 0], kinds, h, out_h, x.device)    # [B, out_h, H]
     x = x.to(torch.float64)
     if columns_first:  # the horizontal pass, then the vertical one on its uint8 result
         rows = _clip8(torch.bmm(x.reshape(b, c * h, w), horizontal.transpose(1, 2))).view(b, c, h, out_w)
@@ -212,36 +139,41 @@ def _two_passes(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: n
     return _clip8(torch.bmm(cols.reshape(b, c * out_h, w), horizontal.transpose(1, 2))).view(b, c, out_h, out_w)
 
 
-def pillow_resize(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray) -> torch.Tensor:
+def pillow_resize(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
+                  boxes: Optional[np.ndarray] = None) -> torch.Tensor:
     """``Image.resize`` of each sample: x [B, C, H, W] of whole numbers 0..255, sample b valid in
-    its top-left in_hw[b] = (height, width), resized to out_hw[b] with Pillow's filter kinds[b];
+    its top-left in_hw[b] = (height, width), its box boxes[b] = (top, left, bottom, right) (C
+    floats; None: the whole image) resized to out_hw[b] with Pillow's filter kinds[b];
     out [B, C, max height, max width] (float32, zero past each sample's size)."""
     in_hw, out_hw = np.asarray(in_hw, dtype=np.int64), np.asarray(out_hw, dtype=np.int64)
     kinds = np.asarray(kinds, dtype=np.int64)
+    if boxes is None:
+        boxes = np.concatenate([np.zeros_like(in_hw), in_hw], 1)
+    boxes = np.asarray(boxes, dtype=np.float32).astype(np.float64)
     order = vertical_first(in_hw, out_hw)
     kernel = _triton_kernel(x) if not _FORCE_TORCH_OPS else None
     if kernel is not None:
         try:
-            return _by_order(lambda *a: _two_passes_triton(kernel, *a), x, in_hw, out_hw, kinds, order)
+            return _by_order(lambda *a: _two_passes_triton(kernel, *a), x, in_hw, out_hw, kinds, boxes, order)
         except Exception as e:  # noqa: BLE001 - a build or launch failure must not stop training
             from dali_autoproxy.backends.torch_stage import fused_color
             fused_color.disable(f"the Triton resample kernel failed ({type(e).__name__}: {e})")
-    return _by_order(_two_passes, x, in_hw, out_hw, kinds, order)
+    return _by_order(_two_passes, x, in_hw, out_hw, kinds, boxes, order)
 
 
 _FORCE_TORCH_OPS = False  # tests: the float64 products even where Triton runs
 
 
-def _by_order(two_passes, x, in_hw, out_hw, kinds, order) -> torch.Tensor:
+def _by_order(two_passes, x, in_hw, out_hw, kinds, boxes, order) -> torch.Tensor:
     """``two_passes`` on the samples Pillow resizes columns first, then on the others."""
     if not order.any() or order.all():
-        return two_passes(x, in_hw, out_hw, kinds, not order[0]).to(torch.float32)
+        return two_passes(x, in_hw, out_hw, kinds, boxes, not order[0]).to(torch.float32)
     out = torch.zeros((x.shape[0], x.shape[1], int(out_hw[:, 0].max()), int(out_hw[:, 1].max())),
                       dtype=torch.float32, device=x.device)
     for rows_first in (False, True):
         idx = np.flatnonzero(order == rows_first)
         part = two_passes(x.index_select(0, upload(idx, x.device)), in_hw[idx], out_hw[idx], kinds[idx],
-                          not rows_first)
+                          boxes[idx], not rows_first)
         out[upload(idx, x.device), :, :part.shape[2], :part.shape[3]] = part.to(out.dtype)
     return out
 
@@ -249,7 +181,7 @@ def _by_order(two_passes, x, in_hw, out_hw, kinds, order) -> torch.Tensor:
 @kernel(PillowResize)
 def _pillow_resize(x: torch.Tensor, op: PillowResize, batch: Batch) -> torch.Tensor:
     p = batch.host[:, op.span("in_height", "filter")].astype(np.int64)
-    out = pillow_resize(x, p[:, 0:2], p[:, 2:4], p[:, 4])
+    out = pillow_resize(x, p[:, 0:2], p[:, 2:4], p[:, 4], batch.host[:, op.span("box_top", "box_right")])
     batch.sizes = p[:, 2:4]
     return out
 

@@ -89,7 +89,8 @@ def exact_resize_step(name: str, kinds, state: ChainState, alloc, out_size: Opti
             g.put(cropping, top=top, left=left, height=height, width=width)
             g.height, g.width = height, width
         out_h, out_w = out_size if out_size is not None else resized_output_size(g.height, g.width, size, max_size)
-        g.put(resizing, in_height=g.height, in_width=g.width, out_height=out_h, out_width=out_w, filter=kinds())
+        g.put(resizing, in_height=g.height, in_width=g.width, out_height=out_h, out_width=out_w, filter=kinds(),
+              box_top=0, box_left=0, box_bottom=g.height, box_right=g.width)
         g.height, g.width = out_h, out_w
     return Step(name, ([cropping] if cropping is not None else []) + [resizing], draw)
 

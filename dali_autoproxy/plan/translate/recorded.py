@@ -220,9 +220,11 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
                     identity = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0) if type(op) is Warp else PERSPECTIVE_IDENTITY
                     g.put(op, *(change[3:] if change is not None else identity))
                     h, w = height, width
-                else:
-                    h, w, kind_ = change[1:] if change is not None else (height, width, 2)
-                    g.put(op, in_height=height, in_width=width, out_height=h, out_width=w, filter=kind_)
+                else:  # not made: the same size, Pillow's copy
+                    h, w, kind_, top, left, bottom, right = (change[1:] if change is not None
+                                                              else (height, width, 2, 0, 0, height, width))
+                    g.put(op, in_height=height, in_width=width, out_height=h, out_width=w, filter=kind_,
+                          box_top=top, box_left=left, box_bottom=bottom, box_right=right)
                 height, width = int(h), int(w)
         g.height, g.width = height, width
     neutral = list(none) * sum(widths) if not tokens else None

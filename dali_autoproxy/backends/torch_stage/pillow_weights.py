@@ -1,0 +1,119 @@
+"""Pillow's resampling weights, computed on the host exactly as Resample.c computes them, and
+kept: one table per (input size, box, output size, filter) along one axis.
+
+``precompute_coeffs`` and ``normalize_coeffs_8bpc`` in the C's operation order: the box is single
+precision (Pillow parses it as C floats and subtracts in float), everything after it double
+precision, one NumPy operation per C operation (NumPy never contracts a multiply and an add),
+the weights of one output pixel summed left to right, LANCZOS' and HAMMING's ``sin``/``cos`` from
+Python's ``math`` (the C library's, as Pillow calls them). NEAREST is Pillow's scale-only affine
+transform (ImagingScaleAffine): one weight of 2**22 at ``COORD`` of a running sum of the scale.
+
+A batch of RandomResizedCrop draws repeats the same few hundred (input size, output size)
+pairs, so the tables are computed once and the stage only gathers them per batch: the host
+queues two small copies per pass instead of computing weights for every sample again.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Sequence, Tuple
+
+import numpy as np
+
+from dali_autoproxy.plan.ir import PILLOW_FILTERS
+
+NEAREST, LANCZOS, BILINEAR, BICUBIC, BOX, HAMMING = (
+    PILLOW_FILTERS[k] for k in ("nearest", "lanczos", "bilinear", "bicubic", "box", "hamming"))
+SUPPORT = {BOX: 0.5, BILINEAR: 1.0, HAMMING: 1.0, BICUBIC: 2.0, LANCZOS: 3.0}
+PRECISION_BITS = 22  # Resample.c: 32 - 8 bits of result - 2 bits of overflow
+_M_PI = 3.14159265358979323846
+_HAMMING_A, _HAMMING_B = float(np.float32(0.54)), float(np.float32(0.46))  # the C's 0.54f and 0.46f
+
+
+def _sinc(x: float) -> float:
+    if x == 0.0:
+        return 1.0
+    x = x * _M_PI
+    return math.sin(x) / x
+
+
+def _scalar(kind: int, x: float) -> float:
+    if kind == LANCZOS:
+        return _sinc(x) * _sinc(x / 3) if -3.0 <= x < 3.0 else 0.0
+    x = -x if x < 0.0 else x  # HAMMING
+    if x == 0.0:
+        return 1.0
+    if x >= 1.0:
+        return 0.0
+    x = x * _M_PI
+    return math.sin(x) / x * (_HAMMING_A + _HAMMING_B * math.cos(x))
+
+
+def _filter(kind: int, x: np.ndarray) -> np.ndarray:
+    """Resample.c's filters on float64 arrays, operation by operation."""
+    if kind == BOX:
+        return ((x > -0.5) & (x <= 0.5)).astype(np.float64)
+    if kind in (LANCZOS, HAMMING):  # libm's sin and cos, value by value
+        return np.array([_scalar(kind, float(v)) for v in x.ravel()], dtype=np.float64).reshape(x.shape)
+    x = np.abs(x)
+    if kind == BILINEAR:
+        return np.where(x < 1.0, 1.0 - x, 0.0)
+    a = -0.5
+    near = (((x * (a + 2.0)) - (a + 3.0)) * x) * x + 1
+    far = ((((x - 5) * x) + 8) * x - 4) * a
+    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+
+
+@lru_cache(maxsize=16384)
+def axis_weights(in_size: int, in0: float, in1: float, out_size: int, kind: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Pillow's weights for resampling ``in_size`` pixels, box ``in0..in1`` (C floats), to
+    ``out_size`` with filter ``kind``: the first input pixel of each output pixel (int32
+    [out_size]) and its fixed-point weights (int32 [out_size, taps]), zero past the pixels
+    Pillow uses. Read-only arrays (they are shared by every batch that asks for them)."""
+    f0, f1 = np.float32(in0), np.float32(in1)
+    scale = float(np.float32(f1 - f0)) / out_size  # (double)(in1 - in0) / outSize: a float subtraction
+    if kind == NEAREST:  # ImagingScaleAffine: xo = a[2] + a[0] * 0.5, then xo += a[0]; COORD(xo)
+        pos = np.add.accumulate(np.concatenate([[float(f0) + scale * 0.5], np.repeat(scale, out_size - 1)]))
+        start = np.where(pos < 0, -1, pos.astype(np.int64))
+        inside = (start >= 0) & (start < in_size)
+        first = np.where(inside, start, 0).astype(np.int32)
+        weights = np.where(inside, 1 << PRECISION_BITS, 0).astype(np.int32)[:, None]
+        return _frozen(first), _frozen(weights)
+    filterscale = max(scale, 1.0)
+    support = SUPPORT[kind] * filterscale
+    taps = int(math.ceil(support)) * 2 + 1
+    center = float(f0) + (np.arange(out_size, dtype=np.float64) + 0.5) * scale
+    xmin = np.maximum((center - support + 0.5).astype(np.int64), 0)  # (int) truncates toward zero
+    xmax = np.minimum((center + support + 0.5).astype(np.int64), in_size) - xmin
+    t = np.arange(taps)[None, :]
+    used = t < xmax[:, None]
+    w = np.where(used, _filter(kind, (((t + xmin[:, None]).astype(np.float64) - center[:, None]) + 0.5)
+                               * (1.0 / filterscale)), 0.0)
+    ww = np.zeros(out_size)
+    for k in range(taps):  # the C's sequential sum
+        ww = np.where(used[:, k], ww + w[:, k], ww)
+    k_norm = np.where(ww[:, None] != 0.0, w / np.where(ww != 0.0, ww, 1.0)[:, None], w)
+    fixed = k_norm * float(1 << PRECISION_BITS)
+    weights = np.where(used, np.where(k_norm < 0, -0.5 + fixed, 0.5 + fixed).astype(np.int64), 0)
+    return _frozen(xmin.astype(np.int32)), _frozen(weights.astype(np.int32))
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+def batch_weights(in_sizes: Sequence[int], boxes: np.ndarray, out_sizes: Sequence[int], kinds: Sequence[int],
+                  out_max: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Each sample's tables along one axis, gathered for a batch: first (int32 [B, out_max]) and
+    weights (int32 [B, out_max, K]); zero past each sample's output size. ``boxes``: [B, 2] of
+    each sample's box along the axis (in0, in1)."""
+    tables = [axis_weights(int(n), float(b0), float(b1), int(o), int(k))
+              for n, (b0, b1), o, k in zip(in_sizes, np.asarray(boxes, dtype=np.float64), out_sizes, kinds)]
+    taps = max(w.shape[1] for _, w in tables)
+    first = np.zeros((len(tables), out_max), dtype=np.int32)
+    weights = np.zeros((len(tables), out_max, taps), dtype=np.int32)
+    for b, (f, w) in enumerate(tables):
+        first[b, :len(f)] = f
+        weights[b, :w.shape[0], :w.shape[1]] = w
+    return first, weights
