@@ -64,6 +64,33 @@ def test_float64_products_equal_pillow_on_photographs():
         resample._FORCE_TORCH_OPS = False
 
 
+@pytest.mark.parametrize("computed_on_the_device", [True, False], ids=["device_ops", "host"])
+def test_kept_tables_are_pillows(computed_on_the_device):
+    """The tables the Triton kernel reads, kept in flat buffers (computed by the device's float64
+    ops as on the GPU, or on the host for LANCZOS/HAMMING/NEAREST), key by key equal to the host's
+    transcription of precompute_coeffs (itself checked against Pillow above), across a growth of
+    the buffers and a start-over past the limit."""
+    from dali_autoproxy.backends.torch_stage import kept_tables as K
+    from dali_autoproxy.backends.torch_stage import pillow_weights as W
+    rng = np.random.default_rng(4)
+    store = K.KeptTables(torch.device("cpu"))
+    store.COMPUTED_ON = ("cpu",) if computed_on_the_device else ()
+    store.LIMIT = 600_000
+    asked = set()
+    for _ in range(12):
+        keys = [(int(n), 0.0, float(n), int(o), int(k)) for n, o, k in
+                zip(rng.integers(1, 700, 40), rng.integers(1, 300, 40), rng.choice([0, 1, 2, 3, 4, 5], 40))]
+        keys += [(400, float(np.float32(rng.uniform(0, 50))), float(np.float32(rng.uniform(100, 400))), 224, 3)]
+        asked.update(keys)
+        where = store.locate(keys)
+        for key, (f_at, w_at, taps, out) in zip(keys, where.T):
+            first, weights = W.axis_weights(*key)
+            assert out == len(first) and taps == weights.shape[1]
+            assert (store.first[f_at:f_at + out].numpy() == first).all()
+            assert (store.weights[w_at:w_at + out * taps].numpy() == weights.ravel()).all()
+    assert len(store.where) < len(asked)  # it started over (12 x ~100k weights asked), and stayed right
+
+
 def test_pass_order_follows_pillow():
     """Pillow 13 resizes vertically first when the height shrinks by more than twice as many
     pixels as the width; the two orders round differently, so the rule is checked on a case
@@ -80,7 +107,7 @@ def _triton_resize(x, ins, outs, kinds):
     from dali_autoproxy.backends.torch_stage import _triton_resample, resample
     order = resample.vertical_first(ins, outs)
     as_dali_made_it = x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().to(DEVICE).permute(0, 3, 1, 2)
-    return resample._by_order(lambda *a: resample._two_passes_triton(_triton_resample.resample_axis, *a),
+    return resample._by_order(lambda *a: resample._two_passes_triton(_triton_resample.resample_axis_stored, *a),
                               as_dali_made_it, ins, outs, kinds, np.concatenate([0 * ins, ins], 1), order)
 
 
@@ -174,4 +201,6 @@ def test_spawned_workers_plan_with_the_main_process_options(photo_root):
 
 if __name__ == "__main__":  # the interpreter test's subprocess
     DEVICE = sys.argv[1]
+    from dali_autoproxy.backends.torch_stage.kept_tables import KeptTables
+    KeptTables.COMPUTED_ON = ("cuda", "cpu")  # new tables computed by the device's torch ops, as on the GPU
     print(json.dumps(differences_from_pillow(_triton_resize, 1, 4)))

@@ -15,8 +15,7 @@ queues two small copies per pass instead of computing weights for every sample a
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from typing import Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -64,38 +63,73 @@ def _filter(kind: int, x: np.ndarray) -> np.ndarray:
     return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
 
 
-@lru_cache(maxsize=16384)
-def axis_weights(in_size: int, in0: float, in1: float, out_size: int, kind: int) -> Tuple[np.ndarray, np.ndarray]:
+Key = Tuple[int, float, float, int, int]  # (input size, box start, box end, output size, filter)
+Table = Tuple[np.ndarray, np.ndarray]
+_KEPT: Dict[Key, Table] = {}
+KEPT_LIMIT = 1 << 16  # tables kept; past it they are computed again as asked
+
+
+def axis_weights(in_size: int, in0: float, in1: float, out_size: int, kind: int) -> Table:
     """Pillow's weights for resampling ``in_size`` pixels, box ``in0..in1`` (C floats), to
     ``out_size`` with filter ``kind``: the first input pixel of each output pixel (int32
     [out_size]) and its fixed-point weights (int32 [out_size, taps]), zero past the pixels
-    Pillow uses. Read-only arrays (they are shared by every batch that asks for them)."""
+    Pillow uses. Read-only arrays (shared by every batch that asks for them)."""
+    return tables((in_size, in0, in1, out_size, kind))[0]
+
+
+def tables(*keys: Key) -> List[Table]:
+    """``axis_weights`` of each key; the ones not kept yet computed together, per filter."""
+    missing = [k for k in dict.fromkeys(keys) if k not in _KEPT]
+    if missing:
+        if len(_KEPT) + len(missing) > KEPT_LIMIT:
+            _KEPT.clear()
+        for kind in sorted({k[4] for k in missing}):
+            group = [k for k in missing if k[4] == kind]
+            made = [_nearest(*k[:4]) for k in group] if kind == NEAREST else _resampled(group, kind)
+            _KEPT.update(zip(group, made))
+    return [_KEPT[k] for k in keys]
+
+
+def _nearest(in_size: int, in0: float, in1: float, out_size: int) -> Table:
+    """ImagingScaleAffine: xo = a[2] + a[0] * 0.5, then xo += a[0]; COORD(xo)."""
     f0, f1 = np.float32(in0), np.float32(in1)
-    scale = float(np.float32(f1 - f0)) / out_size  # (double)(in1 - in0) / outSize: a float subtraction
-    if kind == NEAREST:  # ImagingScaleAffine: xo = a[2] + a[0] * 0.5, then xo += a[0]; COORD(xo)
-        pos = np.add.accumulate(np.concatenate([[float(f0) + scale * 0.5], np.repeat(scale, out_size - 1)]))
-        start = np.where(pos < 0, -1, pos.astype(np.int64))
-        inside = (start >= 0) & (start < in_size)
-        first = np.where(inside, start, 0).astype(np.int32)
-        weights = np.where(inside, 1 << PRECISION_BITS, 0).astype(np.int32)[:, None]
-        return _frozen(first), _frozen(weights)
-    filterscale = max(scale, 1.0)
+    scale = float(np.float32(f1 - f0)) / out_size  # (double)(box[2] - box[0]) / xsize: a float subtraction
+    pos = np.add.accumulate(np.concatenate([[float(f0) + scale * 0.5], np.repeat(scale, out_size - 1)]))
+    start = np.where(pos < 0, -1, pos.astype(np.int64))
+    inside = (start >= 0) & (start < in_size)
+    first = np.where(inside, start, 0).astype(np.int32)
+    return _frozen(first), _frozen(np.where(inside, 1 << PRECISION_BITS, 0).astype(np.int32)[:, None])
+
+
+def _resampled(keys: List[Key], kind: int) -> List[Table]:
+    """precompute_coeffs + normalize_coeffs_8bpc for several keys of one filter at once: each
+    key's row is the C's computation for it (every operation elementwise, so batching the keys
+    changes no value)."""
+    in_sizes = np.array([k[0] for k in keys], dtype=np.int64)
+    f0 = np.array([k[1] for k in keys], dtype=np.float32)
+    f1 = np.array([k[2] for k in keys], dtype=np.float32)
+    outs = np.array([k[3] for k in keys], dtype=np.int64)
+    scale = (f1 - f0).astype(np.float64) / outs  # (double)(in1 - in0) / outSize: a float subtraction
+    filterscale = np.maximum(scale, 1.0)
     support = SUPPORT[kind] * filterscale
-    taps = int(math.ceil(support)) * 2 + 1
-    center = float(f0) + (np.arange(out_size, dtype=np.float64) + 0.5) * scale
-    xmin = np.maximum((center - support + 0.5).astype(np.int64), 0)  # (int) truncates toward zero
-    xmax = np.minimum((center + support + 0.5).astype(np.int64), in_size) - xmin
-    t = np.arange(taps)[None, :]
-    used = t < xmax[:, None]
-    w = np.where(used, _filter(kind, (((t + xmin[:, None]).astype(np.float64) - center[:, None]) + 0.5)
-                               * (1.0 / filterscale)), 0.0)
-    ww = np.zeros(out_size)
+    taps_each = np.ceil(support).astype(np.int64) * 2 + 1
+    out_max, taps = int(outs.max()), int(taps_each.max())
+    center = f0.astype(np.float64)[:, None] + (np.arange(out_max, dtype=np.float64)[None, :] + 0.5) * scale[:, None]
+    xmin = np.maximum((center - support[:, None] + 0.5).astype(np.int64), 0)  # (int) truncates toward zero
+    xmax = np.minimum((center + support[:, None] + 0.5).astype(np.int64), in_sizes[:, None]) - xmin
+    t = np.arange(taps)[None, None, :]
+    used = (t < xmax[:, :, None]) & (np.arange(out_max)[None, :, None] < outs[:, None, None])
+    arg = (((t + xmin[:, :, None]).astype(np.float64) - center[:, :, None]) + 0.5) * (1.0 / filterscale)[:, None, None]
+    w = np.where(used, _filter(kind, np.where(used, arg, 0.0)), 0.0)
+    ww = np.zeros(center.shape)
     for k in range(taps):  # the C's sequential sum
-        ww = np.where(used[:, k], ww + w[:, k], ww)
-    k_norm = np.where(ww[:, None] != 0.0, w / np.where(ww != 0.0, ww, 1.0)[:, None], w)
+        ww = np.where(used[:, :, k], ww + w[:, :, k], ww)
+    k_norm = np.where(ww[:, :, None] != 0.0, w / np.where(ww != 0.0, ww, 1.0)[:, :, None], w)
     fixed = k_norm * float(1 << PRECISION_BITS)
-    weights = np.where(used, np.where(k_norm < 0, -0.5 + fixed, 0.5 + fixed).astype(np.int64), 0)
-    return _frozen(xmin.astype(np.int32)), _frozen(weights.astype(np.int32))
+    weights = np.where(used, np.where(k_norm < 0, -0.5 + fixed, 0.5 + fixed).astype(np.int64), 0).astype(np.int32)
+    first = xmin.astype(np.int32)
+    return [(_frozen(first[i, :o].copy()), _frozen(weights[i, :o, :n].copy()))
+            for i, (o, n) in enumerate(zip(outs, taps_each))]
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -108,12 +142,13 @@ def batch_weights(in_sizes: Sequence[int], boxes: np.ndarray, out_sizes: Sequenc
     """Each sample's tables along one axis, gathered for a batch: first (int32 [B, out_max]) and
     weights (int32 [B, out_max, K]); zero past each sample's output size. ``boxes``: [B, 2] of
     each sample's box along the axis (in0, in1)."""
-    tables = [axis_weights(int(n), float(b0), float(b1), int(o), int(k))
-              for n, (b0, b1), o, k in zip(in_sizes, np.asarray(boxes, dtype=np.float64), out_sizes, kinds)]
-    taps = max(w.shape[1] for _, w in tables)
-    first = np.zeros((len(tables), out_max), dtype=np.int32)
-    weights = np.zeros((len(tables), out_max, taps), dtype=np.int32)
-    for b, (f, w) in enumerate(tables):
+    found = tables(*[(int(n), float(b0), float(b1), int(o), int(k))
+                     for n, (b0, b1), o, k in zip(in_sizes, np.asarray(boxes, dtype=np.float64).tolist(), out_sizes,
+                                                  kinds)])
+    taps = max(w.shape[1] for _, w in found)
+    first = np.zeros((len(found), out_max), dtype=np.int32)
+    weights = np.zeros((len(found), out_max, taps), dtype=np.int32)
+    for b, (f, w) in enumerate(found):
         first[b, :len(f)] = f
         weights[b, :w.shape[0], :w.shape[1]] = w
     return first, weights

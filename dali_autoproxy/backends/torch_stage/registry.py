@@ -2,8 +2,10 @@
 context they see, and the host-to-device transfers that never stop the host."""
 from __future__ import annotations
 
+import threading
+from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Deque, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -40,11 +42,52 @@ kernel = TORCH_KERNELS.register
 def upload(values, device: torch.device, dtype=None) -> torch.Tensor:
     """Host numbers onto ``device`` without stopping the host: through pinned memory, queued on
     the current stream. (A pageable copy waits for all queued GPU work, and the stage makes a
-    few per batch: every one of them would serialise the stage's thread with the GPU.)"""
+    few per batch: every one of them would serialise the stage's thread with the GPU.) Small
+    arrays go through the thread's pinned staging ring: pinning a new tensor for each would
+    cost more than the copy."""
     t = torch.as_tensor(np.asarray(values), dtype=dtype)
     if device.type != "cuda":
         return t
-    return t.pin_memory().to(device, non_blocking=True)
+    return _STAGING.copy(t.contiguous(), device)
+
+
+class _Staging(threading.local):
+    """A pinned ring per thread for small host-to-device copies: each copy's region is reused
+    only once the copy that read it has completed (its CUDA event)."""
+
+    SIZE = 4 << 20
+
+    def __init__(self) -> None:
+        self.ring: Optional[torch.Tensor] = None
+        self.at = 0
+        self.pending: Deque[Tuple[int, int, torch.cuda.Event]] = deque()
+
+    def copy(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        n = t.numel() * t.element_size()
+        if n == 0 or n > self.SIZE // 8:
+            return t.pin_memory().to(device, non_blocking=True)
+        if self.ring is None:
+            self.ring = torch.empty(self.SIZE, dtype=torch.uint8).pin_memory()
+        start = (self.at + 63) // 64 * 64
+        if start + n > self.SIZE:
+            start = 0
+        end = start + n
+        while self.pending and self.pending[0][2].query():
+            self.pending.popleft()
+        for a, b, done in self.pending:
+            if a < end and start < b:
+                done.synchronize()
+        staged = self.ring[start:end].view(t.dtype).view(t.shape)
+        staged.copy_(t)
+        out = staged.to(device, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(device))
+        self.pending.append((start, end, done))
+        self.at = end
+        return out
+
+
+_STAGING = _Staging()
 
 
 _CONSTANTS: dict = {}

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from dali_autoproxy.backends.torch_stage import pillow_weights
-from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, upload
+from dali_autoproxy.backends.torch_stage.kept_tables import kept_tables
+from dali_autoproxy.backends.torch_stage.registry import Batch, constant, kernel, upload
 from dali_autoproxy.plan.ir import Crop, PillowResize
 
 
@@ -50,8 +51,7 @@ def _weights(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kin
 def _tables(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, out_max: int,
             device: torch.device):
     """Each sample's Pillow weights in compact form, on ``device``: the first input pixel of each
-    output pixel (int32 [B, out_max]) and its weights (int32 [B, out_max, K]); the host's kept
-    tables (pillow_weights), queued as two copies."""
+    output pixel (int32 [B, out_max]) and its weights (int32 [B, out_max, K])."""
     first, weights = pillow_weights.batch_weights(in_sizes, boxes, out_sizes, kinds, out_max)
     return upload(first, device), upload(weights, device)
 
@@ -61,13 +61,16 @@ def _triton_pass(kernel, x: torch.Tensor, in_sizes, boxes, out_sizes, kinds, alo
     b, c = x.shape[0], x.shape[1]
     n_in, n_across = x.shape[along], x.shape[5 - along]
     n_out = int(np.max(out_sizes))
-    first_t, weights_t = _tables(in_sizes, boxes, out_sizes, kinds, n_out, x.device)
+    kept = kept_tables(x.device)
+    keys = [(int(n), float(b0), float(b1), int(o), int(k))
+            for n, (b0, b1), o, k in zip(in_sizes, boxes.tolist(), out_sizes, kinds)]
+    tables = upload(kept.locate(keys), x.device)
     shape = [b, c, 0, 0]
     shape[along], shape[5 - along] = n_out, n_across
     out = torch.empty(shape, dtype=torch.float32, device=x.device)
     s, d = x.stride(), out.stride()
     grid = (b * c, triton_cdiv(n_out, 32), triton_cdiv(n_across, 32))
-    kernel[grid](x, out, first_t, weights_t, n_out, n_across, n_in, weights_t.shape[2], c,
+    kernel[grid](x, out, kept.first, kept.weights, tables, n_out, n_across, n_in, c,
                  s[0], s[1], s[along], s[5 - along], d[0], d[1], d[along], d[5 - along],
                  BLOCK_O=32, BLOCK_A=32, num_warps=4)
     return out
@@ -93,7 +96,7 @@ def _triton_kernel(x: torch.Tensor):
     if not fused_color.usable(x):
         return None
     from dali_autoproxy.backends.torch_stage import _triton_resample
-    return _triton_resample.resample_axis
+    return _triton_resample.resample_axis_stored
 
 
 def _clip8(s: torch.Tensor) -> torch.Tensor:
@@ -200,20 +203,19 @@ def _crop(x: torch.Tensor, op: Crop, batch: Batch) -> torch.Tensor:
     sizes = _valid_sizes(x, batch)
     n, c = x.shape[0], x.shape[1]
     out_h, out_w = int(boxes[:, 2].max()), int(boxes[:, 3].max())
-    ys = boxes[:, 0:1] + np.arange(out_h)[None, :]  # [B, out_h]
-    xs = boxes[:, 1:2] + np.arange(out_w)[None, :]
-    in_box = (np.arange(out_h)[None, :, None] < boxes[:, 2, None, None]) & \
-             (np.arange(out_w)[None, None, :] < boxes[:, 3, None, None])
-    inside = ((ys >= 0) & (ys < sizes[:, 0:1]))[:, :, None] & ((xs >= 0) & (xs < sizes[:, 1:2]))[:, None, :]
     dev = x.device
-    yi = upload(np.clip(ys, 0, x.shape[2] - 1), dev)
-    xi = upload(np.clip(xs, 0, x.shape[3] - 1), dev)
+    top, left, height, width, valid_h, valid_w = (v.view(n, 1) for v in upload(
+        np.concatenate([boxes, sizes], 1), dev).unbind(1))  # the masks are made on the device from these
+    rows, cols = torch.arange(out_h, device=dev).view(1, -1), torch.arange(out_w, device=dev).view(1, -1)
+    ys, xs = top + rows, left + cols  # [B, out_h], [B, out_w]
+    in_box = ((rows < height).unsqueeze(2) & (cols < width).unsqueeze(1)).unsqueeze(-1)
+    inside = (((ys >= 0) & (ys < valid_h)).unsqueeze(2) & ((xs >= 0) & (xs < valid_w)).unsqueeze(1)).unsqueeze(-1)
+    yi, xi = ys.clamp(0, x.shape[2] - 1), xs.clamp(0, x.shape[3] - 1)
     bi = torch.arange(n, device=dev).view(n, 1, 1)
     picked = x.permute(0, 2, 3, 1)[bi, yi[:, :, None], xi[:, None, :]]  # [B, out_h, out_w, C]
     values = [float(v) for v in op.fill]
-    fill = torch.tensor(values if len(values) == c else values[:1] * c, dtype=x.dtype).to(dev)
-    inside_t, in_box_t = upload(inside, dev).unsqueeze(-1), upload(in_box, dev).unsqueeze(-1)
-    out = torch.where(inside_t, picked, torch.where(in_box_t, fill, torch.zeros((), dtype=x.dtype, device=dev)))
+    fill = constant(values if len(values) == c else values[:1] * c, dev, x.dtype).view(-1)
+    out = torch.where(inside, picked, torch.where(in_box, fill, torch.zeros((), dtype=x.dtype, device=dev)))
     batch.sizes = boxes[:, 2:4]
     return out.permute(0, 3, 1, 2).contiguous()
 
