@@ -51,7 +51,8 @@ def test_random_resized_crop_draws_torchvisions_boxes(tf, monkeypatch):
             expected = [p["top"], p["left"], p["height"], p["width"]]
         torch.manual_seed(seed)
         h, w = expected[2], expected[3]
-        assert plan.draw(333, 500) == expected + [h, w, 224, 224, 2]  # the box, then the exact resize's row
+        # the box, then the exact resize's row (its box: the whole crop)
+        assert plan.draw(333, 500) == expected + [h, w, 224, 224, 2, 0, 0, h, w]
 
 
 def test_flip_draw_matches_torchvision():
@@ -73,7 +74,7 @@ def test_ops_of_the_imagenet_train_chain(monkeypatch):
     plan = build_plan(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
                                  T.Normalize([0.5] * 3, [0.25] * 3)]))
     assert [type(op) for op in plan.ops] == [Crop, PillowResize, Flip, ToFloat, ToCHW, Normalize]
-    assert plan.ops[0].in_bounds and plan.n_params == 10 and plan.state.fixed_size == (224, 224)
+    assert plan.ops[0].in_bounds and plan.n_params == 14 and plan.state.fixed_size == (224, 224)
 
 
 def test_box_and_random_filters_take_the_exact_resize_whatever_the_option():

@@ -66,6 +66,18 @@ GEOMETRY = {
     "blend_with_a_blurred_branch": lambda img: Image.blend(
         img.crop((0, 0, 64, 48)), img.crop((0, 0, 64, 48)).filter(ImageFilter.GaussianBlur(random.uniform(0.5, 2))),
         random.random()),
+    "rotate_expand": lambda img: img.crop((0, 0, 80, 60)).rotate(random.uniform(-40, 40), expand=True).resize(
+        (72, 72), Image.BILINEAR),  # each image its own size until the resize
+    "rotate_expand_bilinear_fill": lambda img: img.rotate(random.choice([17.0, 33.5]), Image.BILINEAR, expand=True,
+                                                          fillcolor=(200, 30, 90)).crop((0, 0, 90, 90)),
+    "quarter_turns_non_square": lambda img: img.crop((0, 0, 70, 50)).transpose(random.choice(
+        [Image.Transpose.ROTATE_90, Image.Transpose.ROTATE_270, Image.Transpose.TRANSPOSE,
+         Image.Transpose.TRANSVERSE])),
+    "rotate_90_expand": lambda img: img.crop((3, 3, 63, 43)).rotate(90, expand=True),
+    "transform_to_another_size": lambda img: img.transform((50, 70), Image.Transform.AFFINE,
+                                                           (0.9, 0.1, 3.0, -0.1, 0.8, 5.0)),
+    "perspective_to_another_size": lambda img: img.transform(
+        (60, 40), Image.Transform.PERSPECTIVE, (1.0, 0.05, 2.0, 0.02, 1.1, 1.0, 0.0005, 0.001), Image.BILINEAR),
     "tf_rotate_affine": lambda img: TF.affine(TF.rotate(TF.center_crop(img, [70, 90]), 17.0), angle=5.0,
                                               translate=[3, -2], scale=1.1, shear=[4.0, 0.0]),
 }
@@ -125,14 +137,13 @@ def test_recorded_sizes_are_pillows(pillow_hooks):
     lambda img: img.resize((20.5, 15)),
     lambda img: img.crop((10, 10, 10, 20)),
     lambda img: img.crop((30, 10, 20, 20)),
-    lambda img: img.rotate(20, expand=True),
     lambda img: img.rotate(20, Image.BICUBIC),
     lambda img: img.rotate(20, fillcolor=128),
-    lambda img: img.transform((40, 30), Image.Transform.AFFINE, (1, 0, 0, 0, 1, 0)),
+    lambda img: img.transform((40.5, 30), Image.Transform.AFFINE, (1, 0, 0, 0, 1, 0)),
     lambda img: img.transform((96, 64), Image.Transform.PERSPECTIVE, (1, 0, 0, 0, 1, 0, 0, 0), Image.BICUBIC),
     lambda img: img.transform((96, 64), Image.Transform.QUAD, (0, 0, 0, 64, 96, 64, 96, 0)),
-], ids=["box_past_the_edge", "box_reversed", "reducing_gap", "float_size", "empty_crop", "reversed_crop", "expand",
-        "bicubic_rotate", "int_fill", "affine_resizing", "bicubic_perspective", "quad"])
+], ids=["box_past_the_edge", "box_reversed", "reducing_gap", "float_size", "empty_crop", "reversed_crop",
+        "bicubic_rotate", "int_fill", "affine_float_size", "bicubic_perspective", "quad"])
 def test_what_pillow_does_otherwise_needs_pixels(call):
     with pytest.raises(NeedsPixels):
         _record(call)

@@ -162,16 +162,23 @@ def _tensor_color_jitter(img, op: TensorColorJitter, row, v2_step):
 
 @CPU_KERNELS.register(Warp)
 def _warp(img, op: Warp, row, v2_step):  # what torchvision's rotate/affine ask of Pillow
-    return img.transform(img.size, Image.AFFINE, list(row[op.span("a", "f")]),
+    return img.transform(_out_size(img, op, row), Image.AFFINE, list(row[op.span("a", "f")]),
                          Image.BILINEAR if op.bilinear else Image.NEAREST, fillcolor=_pil_fill(op.fill))
+
+
+def _out_size(img, op, row):
+    """(width, height) a Warp or Perspective makes: its own where it asks for one, else the image's."""
+    height, width = (int(op.value(row, name)) for name in ("out_height", "out_width"))
+    return (width, height) if height > 0 else img.size
 
 
 @CPU_KERNELS.register(Perspective)
 def _perspective(img, op: Perspective, row, v2_step):  # what torchvision's perspective asks of Pillow
     coeffs = [float(v) for v in row[op.span("a", "h")]]
-    if tuple(coeffs) == PERSPECTIVE_IDENTITY:
+    size = _out_size(img, op, row)
+    if tuple(coeffs) == PERSPECTIVE_IDENTITY and size == img.size:
         return img
-    return img.transform(img.size, Image.PERSPECTIVE, coeffs, Image.BILINEAR if op.bilinear else Image.NEAREST,
+    return img.transform(size, Image.PERSPECTIVE, coeffs, Image.BILINEAR if op.bilinear else Image.NEAREST,
                          fillcolor=_pil_fill(op.fill))
 
 

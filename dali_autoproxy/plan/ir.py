@@ -240,25 +240,34 @@ class Erase(Op):
 @dataclass(frozen=True)
 class Warp(Op):
     """Pillow's affine transform (what torchvision's rotate and affine do to PIL images), nearest
-    or ``bilinear``: the inverse matrix ``a`` .. ``f`` (Pillow's order), ``fill`` outside the image."""
+    or ``bilinear``: the inverse matrix ``a`` .. ``f`` (Pillow's order), ``fill`` outside the image;
+    from the sample's ``in_height`` x ``in_width`` to ``out_height`` x ``out_width`` (another size where
+    a recorded ``Image.transform`` asks: ``rotate(expand=True)``, a quarter turn of a non-square
+    image). Samples of different sizes in one batch (padded) are fine."""
     placement: ClassVar[Placement] = Placement.TORCH
-    params: ClassVar[Tuple[str, ...]] = ("a", "b", "c", "d", "e", "f")
+    params: ClassVar[Tuple[str, ...]] = ("a", "b", "c", "d", "e", "f", "in_height", "in_width", "out_height",
+                                         "out_width")
+    keeps_size: ClassVar[bool] = False
+    ragged: ClassVar[bool] = True
     slot: int
     fill: Tuple[float, ...]
     bilinear: bool = False
 
 
 PERSPECTIVE_IDENTITY = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
+SAME_SIZE = (0, 0)  # Perspective's out_height, out_width: the image's own size
 
 
 @dataclass(frozen=True)
 class Perspective(Op):
     """Pillow's perspective transform (what torchvision's perspective does to PIL images): its 8
     coefficients ``a`` .. ``h`` (PERSPECTIVE_IDENTITY: not applied), nearest or bilinear
-    sampling, ``fill`` outside the image."""
+    sampling, ``fill`` outside the image; to ``out_height`` x ``out_width`` where a recorded
+    ``Image.transform`` asks for another size (0: the image's own). It takes a batch of one size
+    (or one sample at a time); the samples it makes may differ in size."""
     placement: ClassVar[Placement] = Placement.TORCH
-    params: ClassVar[Tuple[str, ...]] = ("a", "b", "c", "d", "e", "f", "g", "h")
-    neutral: ClassVar[Optional[Tuple[float, ...]]] = PERSPECTIVE_IDENTITY
+    params: ClassVar[Tuple[str, ...]] = ("a", "b", "c", "d", "e", "f", "g", "h", "out_height", "out_width")
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = PERSPECTIVE_IDENTITY + SAME_SIZE
     slot: int
     fill: Tuple[float, ...]
     bilinear: bool

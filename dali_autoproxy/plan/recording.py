@@ -9,14 +9,15 @@ with the call appended, holding the arguments the user's code passed; the user's
 draws run as written, on the same generators, so they are plain's. Pillow's module functions
 that read pixels to decide (``ImageOps.equalize`` and ``autocontrast``, ``ImageEnhance``) and
 torchvision's PIL functions that go through NumPy (3-channel grayscale, hue) are recorded
-through the hooks in ``PILLOW_HOOKS``, which the workers install; torchvision's other functional
+through the hooks in ``recording_hooks.PILLOW_HOOKS``, which the workers install; torchvision's other functional
 calls on PIL images (flips, brightness, contrast, saturation, sharpness, solarize, posterize,
 invert, autocontrast, equalize) reach the recorded Pillow calls by themselves.
 
-``crop`` and ``resize`` (Pillow's NEAREST, BILINEAR, BICUBIC, BOX, of the whole image) change the
-recording image's size and, with ``transform(AFFINE)`` to the same size (``rotate``), are
-recorded as ops of their own (``GEOMETRY_CALLS``), so a class written with ``TF.resize`` /
-``TF.crop`` / ``TF.resized_crop`` / ``TF.rotate`` / ``TF.affine`` records too.
+``crop``, ``resize`` (any of Pillow's six filters, with its ``box``) and ``transform`` (AFFINE,
+PERSPECTIVE, to any size: ``rotate`` with or without ``expand``, quarter turns of non-square
+images) change the recording image's size and are recorded as ops of their own
+(``GEOMETRY_CALLS``), so a class written with ``TF.resize`` / ``TF.crop`` / ``TF.resized_crop`` /
+``TF.rotate`` / ``TF.affine`` records too.
 Anything that needs the pixels (``load()``, ``im``, ``np.asarray``, ``tobytes``, ``getpixel``,
 ``paste``, ``resize(box=...)``, an unknown method...) raises :class:`NeedsPixels`: the worker
 then restores the random generators, plans the chain again with that class in the worker and
@@ -31,21 +32,17 @@ import threading
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
-import torchvision.transforms._functional_pil as F_pil
-import torchvision.transforms.functional as F1
-import torchvision.transforms.v2.functional as F2
-from PIL import Image, ImageEnhance, ImageFilter, ImageOps
+from PIL import Image, ImageFilter
 
-from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS, blur_window
-from dali_autoproxy.plan.tv_internals import v2_pil_kernels
+from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS
 
 Call = Tuple[Any, ...]  # (PILLOW_CALLS name, a, b, c), or a size change: GEOMETRY_CALLS
 # calls that change the size, recorded as their own ops (ir.Crop, ir.PillowResize):
 #   ("crop", top, left, height, width): Image.crop, outside the image zeros as Pillow's
 #   ("resize", height, width, filter, top, left, bottom, right): Image.resize of its box, any of Pillow's
 #       six filters
-#   ("warp", fill, bilinear, a, b, c, d, e, f): Image.transform(AFFINE) to the same size (Image.rotate)
-#   ("perspective", fill, bilinear, a, .., h): Image.transform(PERSPECTIVE) to the same size
+#   ("warp", fill, bilinear, height, width, a, b, c, d, e, f): Image.transform(AFFINE) (Image.rotate, transposes)
+#   ("perspective", fill, bilinear, height, width, a, .., h): Image.transform(PERSPECTIVE)
 GEOMETRY_CALLS = ("crop", "resize", "warp", "perspective")
 
 
@@ -256,17 +253,23 @@ class RecordingImage(Image.Image):
 
     def transform(self, size: Any, method: Any, data: Any = None, resample: Any = Image.Resampling.NEAREST,
                   fill: int = 1, fillcolor: Any = None) -> Image.Image:
-        """Pillow's affine or perspective transform to the same size (what ``Image.rotate``
-        without ``expand`` and torchvision's ``rotate`` / ``affine`` / ``perspective`` on PIL images
-        end in), nearest or bilinear."""
+        """Pillow's affine or perspective transform (what ``Image.rotate``, with or without
+        ``expand``, and torchvision's ``rotate`` / ``affine`` / ``perspective`` on PIL images end
+        in), nearest or bilinear, to any size."""
         colour = (0, 0, 0) if fillcolor is None else fillcolor
         kind, n = {Image.Transform.AFFINE: ("warp", 6), Image.Transform.PERSPECTIVE: ("perspective", 8)}.get(
             method, (None, 0))
-        if (kind is None or data is None or len(data) < n or tuple(size) != self.size
+        try:
+            width, height = (int(v) for v in size)
+            whole = (width, height) == tuple(size) and width > 0 and height > 0
+        except (TypeError, ValueError):
+            whole = False
+        if (kind is None or data is None or len(data) < n or not whole
                 or resample not in (Image.Resampling.NEAREST, Image.Resampling.BILINEAR)
                 or not (isinstance(colour, tuple) and len(colour) == 3 and all(type(v) is int for v in colour))):
             raise _needs_pixels()
-        return self._sized(self.size, (kind, tuple(float(v) for v in colour), resample == Image.Resampling.BILINEAR)
+        return self._sized((width, height), (kind, tuple(float(v) for v in colour),
+                                             resample == Image.Resampling.BILINEAR, height, width)
                            + tuple(float(v) for v in data[:n]))
 
     def transpose(self, method: Any) -> Image.Image:
@@ -278,9 +281,13 @@ class RecordingImage(Image.Image):
             return self.then("hflip").then("vflip")
         turns = {Image.Transpose.TRANSPOSE: (), Image.Transpose.ROTATE_90: ("vflip",),
                  Image.Transpose.ROTATE_270: ("hflip",), Image.Transpose.TRANSVERSE: ("hflip", "vflip")}
-        if method not in turns or self.width != self.height:
-            raise _needs_pixels()  # a quarter turn of a non-square image changes its size: in the worker
-        out = self.then("transpose")
+        if method not in turns:
+            raise _needs_pixels()
+        if self.width == self.height:
+            out = self.then("transpose")
+        else:  # the size changes: the transpose as Pillow's nearest affine transform (x, y) <- (y, x), exact
+            out = self._sized((self.height, self.width), ("warp", (0.0, 0.0, 0.0), False, self.width, self.height,
+                                                          0.0, 1.0, 0.0, 1.0, 0.0, 0.0))
         for flip in turns[method]:
             out = out.then(flip)
         return out
@@ -302,136 +309,6 @@ def classify_table(table: list) -> Optional[Tuple[Any, ...]]:
             return ("posterize", mask)
     return None
 
-
-# ----------------------------------------------------------------------------- Pillow's functions
-def _is_recording(img: Any) -> bool:
-    return type(img) is RecordingImage
-
-
-def _equalize(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    if args and _is_recording(args[0]) and len(args) == 1 and kwargs.get("mask") is None:
-        return args[0].then("equalize")
-    return wrapped(*args, **kwargs)
-
-
-_AUTOCONTRAST_DEFAULTS = {"cutoff": 0, "ignore": None, "mask": None, "preserve_tone": False}
-
-
-def _autocontrast(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    if (args and _is_recording(args[0]) and len(args) == 1
-            and all(_AUTOCONTRAST_DEFAULTS.get(k, object()) == v for k, v in kwargs.items())):
-        return args[0].then("autocontrast")
-    return wrapped(*args, **kwargs)
-
-
-_ENHANCERS = {ImageEnhance.Brightness: "brightness", ImageEnhance.Contrast: "contrast",
-              ImageEnhance.Color: "color", ImageEnhance.Sharpness: "sharpness"}
-
-
-def _enhancer_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Pillow's enhancers measure the image as they are made (Contrast its mean): on a recording
-    image, only remember it; ``enhance`` records the call."""
-    image = args[0] if args else kwargs.get("image")
-    if _is_recording(image) and type(instance) in _ENHANCERS:
-        instance.image = image
-        return None
-    return wrapped(*args, **kwargs)
-
-
-def _enhance(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    image = getattr(instance, "image", None)
-    if _is_recording(image) and type(instance) in _ENHANCERS and len(args) + len(kwargs) == 1:
-        factor = args[0] if args else kwargs["factor"]
-        return image.then(_ENHANCERS[type(instance)], float(factor))
-    return wrapped(*args, **kwargs)
-
-
-def _to_grayscale(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """torchvision's PIL grayscale with 3 output channels (luma through NumPy, stacked)."""
-    image = args[0] if args else kwargs.get("img")
-    channels = args[1] if len(args) > 1 else kwargs.get("num_output_channels")
-    if _is_recording(image) and image.mode == "RGB" and channels == 3:
-        return image.then("grayscale")
-    return wrapped(*args, **kwargs)
-
-
-def _adjust_hue(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """torchvision's PIL adjust_hue (Pillow's HSV, the hue shifted in NumPy's uint8)."""
-    image = args[0] if args else kwargs.get("img")
-    factor = args[1] if len(args) > 1 else kwargs.get("hue_factor")
-    if _is_recording(image) and isinstance(factor, (int, float)) and -0.5 <= factor <= 0.5:
-        if image.mode != "RGB":
-            return image  # as torchvision returns an "L" image
-        return image.then("hue", int(np.int32(factor * 255).astype(np.uint8)))
-    return wrapped(*args, **kwargs)
-
-
-def _blur_arguments(kernel_size: Any, sigma: Any) -> Optional[Tuple[int, int, float, float]]:
-    """torchvision's gaussian_blur arguments as it completes them (v1 and v2 alike): window x, y
-    and sigma x, y; None where it would raise (its error comes from the plain run)."""
-    try:
-        kx, ky = (kernel_size, kernel_size) if type(kernel_size) is int else kernel_size
-        if sigma is None:
-            sigma = [kx * 0.15 + 0.35, ky * 0.15 + 0.35]
-        elif isinstance(sigma, (int, float)):
-            sigma = [float(sigma), float(sigma)]
-        elif isinstance(sigma, (list, tuple)) and len(sigma) == 1:
-            sigma = [sigma[0], sigma[0]]
-        sx, sy = sigma
-    except (TypeError, ValueError):
-        return None
-    if not (all(type(k) is int and k > 0 and k % 2 == 1 and k < 4096 for k in (kx, ky))
-            and all(isinstance(s, (int, float)) and s > 0 for s in (sx, sy))):
-        return None
-    return kx, ky, float(sx), float(sy)
-
-
-def _gaussian_blur(v2: bool):
-    """torchvision's gaussian_blur of a PIL image: pil_to_tensor, its float32 kernel, reflect
-    padding, to_pil_image of the rounded result (``tv_blur``)."""
-    def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        named = dict(zip(("img" if not v2 else "image", "kernel_size", "sigma"), args), **kwargs)
-        image = named.get("img", named.get("image"))
-        if not _is_recording(image):
-            return wrapped(*args, **kwargs)
-        found = _blur_arguments(named.get("kernel_size"), named.get("sigma"))
-        if found is None or len(named) > 3 or found[0] // 2 >= image.width or found[1] // 2 >= image.height:
-            raise _needs_pixels()
-        kx, ky, sx, sy = found
-        return image.then("tv_blur", blur_window(v2, kx, ky), sx, sy)
-    return hook
-
-
-def _blend(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """``Image.blend(im1, im2, alpha)`` of two recording images one of which was made from the
-    other by size-keeping calls (``Image.blend(img, img.filter(...), a)``): the common image kept
-    ("keep"), the other branch's calls, then the blend of the two ("blend_kept")."""
-    named = dict(zip(("im1", "im2", "alpha"), args), **kwargs)
-    im1, im2, alpha = named.get("im1"), named.get("im2"), named.get("alpha")
-    if not (_is_recording(im1) and _is_recording(im2)) or len(named) != 3:
-        return wrapped(*args, **kwargs)
-    base, other, order = (im1, im2, 0) if im2.calls[:len(im1.calls)] == im1.calls else (im2, im1, 1)
-    branch = other.calls[len(base.calls):]
-    if (other.calls[:len(base.calls)] != base.calls or im1.size != im2.size or im1.mode != im2.mode
-            or not isinstance(alpha, numbers.Real)
-            or any(call[0] in GEOMETRY_CALLS + ("tensor", "keep", "blend_kept") for call in branch)):
-        raise _needs_pixels()
-    out = base.then("keep")
-    for call in branch:
-        out = out.then(*call)
-    return out.then("blend_kept", float(np.float32(alpha)), order)
-
-
-# (owner, attribute, wrapt wrapper): installed in a proxied loader's workers (worker/install.py)
-PILLOW_HOOKS = [(Image, "blend", _blend), (ImageOps, "equalize", _equalize), (ImageOps, "autocontrast", _autocontrast),
-                (ImageEnhance._Enhance, "enhance", _enhance),
-                (F_pil, "to_grayscale", _to_grayscale), (F_pil, "adjust_hue", _adjust_hue),
-                (F1, "gaussian_blur", _gaussian_blur(False))] + [
-    (cls, "__init__", _enhancer_init) for cls in _ENHANCERS]
-for _functional, _hook in ((F2.adjust_hue, _adjust_hue), (F2.gaussian_blur, _gaussian_blur(True))):
-    _table = v2_pil_kernels(_functional)  # v2 dispatches PIL images to its registered kernel, not an attribute
-    if _table is not None and Image.Image in _table:
-        PILLOW_HOOKS.append((_table, Image.Image, _hook))
 
 # what planning knows of transforms that were recorded (process-wide; each worker learns its own)
 PIXEL_READERS: Dict[type, str] = {}   # transform type: the call that needed pixels (it runs in the worker)

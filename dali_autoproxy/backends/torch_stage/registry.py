@@ -90,6 +90,13 @@ class _Staging(threading.local):
 _STAGING = _Staging()
 
 
+def valid_sizes(x: torch.Tensor, batch: Batch) -> np.ndarray:
+    """Each sample's (height, width) in a batch that may be padded (``Batch.sizes``), int64 [B, 2]."""
+    if batch.sizes is not None:
+        return batch.sizes
+    return np.tile(np.asarray([x.shape[2], x.shape[3]], dtype=np.int64), (x.shape[0], 1))
+
+
 _CONSTANTS: dict = {}
 
 

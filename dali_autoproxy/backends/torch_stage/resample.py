@@ -30,7 +30,7 @@ import torch
 
 from dali_autoproxy.backends.torch_stage import pillow_weights
 from dali_autoproxy.backends.torch_stage.kept_tables import kept_tables
-from dali_autoproxy.backends.torch_stage.registry import Batch, constant, kernel, upload
+from dali_autoproxy.backends.torch_stage.registry import Batch, constant, kernel, upload, valid_sizes
 from dali_autoproxy.plan.ir import Crop, PillowResize
 
 
@@ -189,18 +189,12 @@ def _pillow_resize(x: torch.Tensor, op: PillowResize, batch: Batch) -> torch.Ten
     return out
 
 
-def _valid_sizes(x: torch.Tensor, batch: Batch) -> np.ndarray:
-    if batch.sizes is not None:
-        return batch.sizes
-    return np.tile(np.asarray([x.shape[2], x.shape[3]], dtype=np.int64), (x.shape[0], 1))
-
-
 @kernel(Crop)
 def _crop(x: torch.Tensor, op: Crop, batch: Batch) -> torch.Tensor:
     """Each sample's box [top, left, height, width] of its valid region; outside it ``op.fill``
     (how Pad and padded crops are expressed), past the box's own size (samples of other sizes) 0."""
     boxes = batch.host[:, op.span("top", "width")].astype(np.int64)
-    sizes = _valid_sizes(x, batch)
+    sizes = valid_sizes(x, batch)
     n, c = x.shape[0], x.shape[1]
     out_h, out_w = int(boxes[:, 2].max()), int(boxes[:, 3].max())
     dev = x.device

@@ -20,7 +20,7 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
-from dali_autoproxy.plan.ir import Perspective, Unsupported, Warp
+from dali_autoproxy.plan.ir import SAME_SIZE, Perspective, Unsupported, Warp
 from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.geometry import as_mode
 from dali_autoproxy.plan.translate.registry import register, transform_name, v2_params
@@ -77,7 +77,7 @@ def random_rotation(t, state: ChainState, alloc) -> Step:
             return T.RandomRotation.get_params(degrees)
 
     def draw(g) -> None:
-        g.put(warp, *rotation_matrix(angle_of(g), g.width, g.height, center))
+        g.put(warp, *rotation_matrix(angle_of(g), g.width, g.height, center), g.height, g.width, g.height, g.width)
     return Step(transform_name(t), [warp], draw)
 
 
@@ -102,7 +102,7 @@ def random_affine(t, state: ChainState, alloc) -> Step:
         angle, translate, scale, shear = drawn(g)
         c = list(center) if center is not None else [g.width * 0.5, g.height * 0.5]
         g.put(warp, *_get_inverse_affine_matrix(c, float(angle), [float(v) for v in translate], float(scale),
-                                                [float(v) for v in shear]))
+                                                [float(v) for v in shear]), g.height, g.width, g.height, g.width)
     return Step(transform_name(t), [warp], draw)
 
 
@@ -135,5 +135,5 @@ def random_perspective(t, state: ChainState, alloc) -> Step:
 
     def draw(g) -> None:
         coeffs = coefficients(g)
-        g.put(op, *(Perspective.neutral if coeffs is None else [float(v) for v in coeffs]))
+        g.put(op, *(Perspective.neutral if coeffs is None else [float(v) for v in coeffs] + list(SAME_SIZE)))
     return Step(transform_name(t), [op], draw, neutral=list(Perspective.neutral))

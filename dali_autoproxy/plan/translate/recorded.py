@@ -216,10 +216,11 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
                 if type(op) is Crop:
                     top, left, h, w = change[1:] if change is not None else (0, 0, height, width)
                     g.put(op, top=top, left=left, height=h, width=w)
-                elif type(op) in (Warp, Perspective):  # the same size; not made: the identity, Pillow's copy
+                elif type(op) in (Warp, Perspective):  # not made: the identity to the same size, Pillow's copy
                     identity = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0) if type(op) is Warp else PERSPECTIVE_IDENTITY
-                    g.put(op, *(change[3:] if change is not None else identity))
-                    h, w = height, width
+                    h, w = change[3:5] if change is not None else (height, width)
+                    g.put(op, *(change[5:] if change is not None else identity), *((height, width) if type(op) is Warp
+                                                                                   else ()), h, w)
                 else:  # not made: the same size, Pillow's copy
                     h, w, kind_, top, left, bottom, right = (change[1:] if change is not None
                                                               else (height, width, 2, 0, 0, height, width))
