@@ -318,11 +318,12 @@ def test_a_deferred_jpeg_decodes_exactly_as_pillow_when_touched(photo_root):
     plain = Image.open(path).convert("RGB")
     kept = (lambda im: im.crop((3, 5, 40, 60)).tobytes(), lambda im: im.resize((17, 9)).tobytes(),
             lambda im: im.crop((1.5, 2, 90, 80)).resize((33, 21), Image.BILINEAR).tobytes(),
-            lambda im: im.resize((17, 9), box=(0, 0, 50, 40)).tobytes())
+            lambda im: im.resize((17, 9), box=(0, 0, 50, 40)).tobytes(),
+            lambda im: im.resize((17, 9), reducing_gap=1.0).tobytes())
     for touch in (np.asarray, lambda im: im.filter(ImageFilter.SMOOTH).tobytes(), lambda im: im.getpixel((7, 7)),
                   lambda im: im.convert("L").tobytes(), lambda im: im.split()[1].tobytes(),
                   lambda im: im.rotate(30).tobytes(), lambda im: pickle.loads(pickle.dumps(im)).tobytes(),
-                  lambda im: im.resize((17, 9), reducing_gap=1.0).tobytes()) + kept:
+                  lambda im: im.transpose(Image.Transpose.ROTATE_90).tobytes()) + kept:
         img = DeferredFileLoader()(path)
         assert type(img) is DeferredJpeg and img.deferred and img.size == plain.size and img.mode == "RGB"
         a, b = touch(img), touch(plain)

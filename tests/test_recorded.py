@@ -166,7 +166,7 @@ def test_calls_that_need_pixels_say_which_and_where(pillow_hooks):
     with pytest.raises(NeedsPixels) as info:
         _record(reads, (8, 8), 0)
     assert "test_recorded.py" in info.value.where and info.value.what == "Image.__array_interface__"
-    for fn in (lambda img: img.reduce(2), lambda img: img.getpixel((0, 0)),
+    for fn in (lambda img: img.reduce(2.5), lambda img: img.getpixel((0, 0)),
                lambda img: img.point(lambda v: v // 2), lambda img: img.filter(ImageFilter.Kernel((3, 3), [1] * 9)),
                lambda img: ImageDraw.Draw(img), lambda img: img.convert("HSV"), lambda img: img.tobytes(),
                lambda img: Image.blend(img.filter(ImageFilter.BLUR), img.filter(ImageFilter.SMOOTH), 0.5),

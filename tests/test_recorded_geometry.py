@@ -1,8 +1,8 @@
 """Recorded size changes: a user's class that crops and resizes (with Pillow's methods or
 torchvision's functional API on PIL images) runs on DALI's side, every pixel equal to plain's
 (real DataLoader workers, DALI's CPU backend, photographs); what Pillow would do differently
-(a box Pillow refuses, ``reducing_gap`` that reduces first, an expanding rotation) needs pixels
-and runs in the worker, exactly plain."""
+(a box Pillow refuses, a filter it has no exact kernel for, QUAD and MESH) needs pixels and runs in
+the worker, exactly plain."""
 import random
 
 import numpy as np
@@ -46,6 +46,11 @@ GEOMETRY = {
     "resize_a_random_box": lambda img: img.resize(
         (40, 30), random.choice([0, 1, 2, 3, 4, 5]),
         box=(random.uniform(0, 20), random.uniform(0, 10), random.uniform(40, img.width), img.height - 0.5)),
+    "reduce": lambda img: img.reduce(random.choice([2, 3])).resize((40, 30), Image.BILINEAR),
+    "reduce_a_box": lambda img: img.reduce((2, 3), box=(4, 2, 91, 60)),
+    "resize_reducing_gap": lambda img: img.resize((20, 15), Image.BILINEAR, reducing_gap=1.5),
+    "resize_a_box_reducing_gap": lambda img: img.resize((33, 21), random.choice([1, 2, 3, 4, 5]),
+                                                        box=(3.5, 2, 90, 60), reducing_gap=2.0),
     "resize_a_box_to_its_size": lambda img: img.resize((50, 40), Image.HAMMING, box=(3, 2, 53, 42)),
     "resize_reducing_gap_no_reduction": lambda img: img.resize((80, 57), Image.BILINEAR, reducing_gap=8.0),
     "tf_resize_center_crop": lambda img: TF.center_crop(TF.resize(img, 80), 64),
@@ -133,7 +138,8 @@ def test_recorded_sizes_are_pillows(pillow_hooks):
 @pytest.mark.parametrize("call", [
     lambda img: img.resize((40, 30), box=(0, 0, 97, 40)),
     lambda img: img.resize((40, 30), box=(20, 0, 10, 40)),
-    lambda img: img.resize((20, 15), Image.BILINEAR, reducing_gap=1.5),
+    lambda img: img.reduce(2.5),
+    lambda img: img.reduce(2, box=(0, 0, 200, 10)),
     lambda img: img.resize((20.5, 15)),
     lambda img: img.crop((10, 10, 10, 20)),
     lambda img: img.crop((30, 10, 20, 20)),
@@ -142,7 +148,8 @@ def test_recorded_sizes_are_pillows(pillow_hooks):
     lambda img: img.transform((40.5, 30), Image.Transform.AFFINE, (1, 0, 0, 0, 1, 0)),
     lambda img: img.transform((96, 64), Image.Transform.PERSPECTIVE, (1, 0, 0, 0, 1, 0, 0, 0), Image.BICUBIC),
     lambda img: img.transform((96, 64), Image.Transform.QUAD, (0, 0, 0, 64, 96, 64, 96, 0)),
-], ids=["box_past_the_edge", "box_reversed", "reducing_gap", "float_size", "empty_crop", "reversed_crop",
+], ids=["box_past_the_edge", "box_reversed", "reduce_by_a_float", "reduce_box_past_the_edge", "float_size",
+        "empty_crop", "reversed_crop",
         "bicubic_rotate", "int_fill", "affine_float_size", "bicubic_perspective", "quad"])
 def test_what_pillow_does_otherwise_needs_pixels(call):
     with pytest.raises(NeedsPixels):
@@ -151,9 +158,9 @@ def test_what_pillow_does_otherwise_needs_pixels(call):
 
 @pytest.mark.parametrize("name", ["box", "reversed"])
 def test_a_class_whose_size_change_needs_pixels_is_plains(photo_root, name):
-    """A resize that reduces first runs in the worker with the rest of the class; a reversed crop
-    box raises Pillow's own ValueError, as plain."""
-    fn = {"box": lambda img: img.resize((40, 30), Image.BICUBIC, box=(1, 2, 90, 60), reducing_gap=1.0),
+    """A class converting to a mode without a kernel runs in the worker with the rest of the
+    class; a reversed crop box raises Pillow's own ValueError, as plain."""
+    fn = {"box": lambda img: img.crop((0, 0, 80, 60)).reduce(2).convert("HSV").convert("RGB"),
           "reversed": lambda img: img.crop((30, 10, 20, 20))}[name]
     ds = image_folder(photo_root, T.Compose([UserClass(fn), T.PILToTensor()]))
     if name == "reversed":
@@ -203,6 +210,7 @@ BEFORE = {
     "random_size": lambda img: img.resize((random.choice([120, 130]), 110), Image.BOX),
     "reads_its_pixels": lambda img: Image.fromarray(np.asarray(img.resize((128, 96))) // 2),
     "resize_with_box": lambda img: img.resize((128, 96), box=(4, 4, 100, 90)),
+    "reducing_gap": lambda img: img.resize((128, 96), Image.LANCZOS, reducing_gap=1.5),
 }
 
 
@@ -252,3 +260,58 @@ def test_arithmetic_on_the_tensor_runs_in_the_worker(photo_root):
     ref, out = _epochs(ds)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(ref, out))
     assert "worker" in last_report()["decode"]
+
+
+# ----------------------------------------------------------------------------- the kernels, CPU and GPU
+def _padded(images):
+    h, w = max(i.shape[0] for i in images), max(i.shape[1] for i in images)
+    x = torch.zeros(len(images), 3, h, w)
+    for b, im in enumerate(images):
+        x[b, :, :im.shape[0], :im.shape[1]] = torch.from_numpy(im).permute(2, 0, 1).float()
+    return x, np.array([i.shape[:2] for i in images])
+
+
+def _same_as_pillow(out, refs) -> int:
+    """Samples of a padded output that differ from Pillow's images anywhere (padding included)."""
+    bad = 0
+    for b, ref in enumerate(refs):
+        h, w = ref.shape[:2]
+        got = out[b, :, :h, :w].permute(1, 2, 0).cpu().numpy().astype(np.uint8)
+        bad += int(not np.array_equal(got, ref) or bool(out[b, :, h:, :].any() or out[b, :, :, w:].any()))
+    return bad
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_reduce_and_warps_to_other_sizes_equal_pillow_every_pixel(device):
+    """Image.reduce (factors 1-8, partial blocks at the edges) and affine/perspective transforms
+    to another size (nearest and bilinear, fill outside), samples of different sizes in one padded
+    batch: the torch stage's kernels against Pillow on photographs."""
+    from photos import photographs
+
+    from dali_autoproxy.backends.torch_stage.geometry import perspective, warp
+    from dali_autoproxy.backends.torch_stage.resample import pillow_reduce
+    rng = np.random.default_rng(7)
+    photos = photographs()
+    images = [np.ascontiguousarray(photos[k % len(photos)][:int(rng.integers(2, 90)), :int(rng.integers(2, 120))])
+              for k in range(24)]
+    x, in_hw = _padded(images)
+    factors = rng.integers(1, 9, (24, 2))
+    refs = [np.asarray(Image.fromarray(im).reduce((int(fx), int(fy)))) for im, (fy, fx) in zip(images, factors)]
+    assert _same_as_pillow(pillow_reduce(x.to(device), in_hw, factors), refs) == 0
+    out_hw = np.stack([rng.integers(5, 130, 24), rng.integers(5, 130, 24)], 1)
+    matrices = np.stack([rng.uniform(0.7, 1.3, 24), rng.uniform(-0.3, 0.3, 24), rng.uniform(-10, 10, 24),
+                         rng.uniform(-0.3, 0.3, 24), rng.uniform(0.7, 1.3, 24), rng.uniform(-10, 10, 24)], 1)
+    fill = (30.0, 200.0, 90.0)
+    for bilinear in (False, True):
+        resample = Image.BILINEAR if bilinear else Image.NEAREST
+        refs = [np.asarray(Image.fromarray(im).transform((int(w), int(h)), Image.Transform.AFFINE, list(m), resample,
+                                                         fillcolor=(30, 200, 90)))
+                for im, (h, w), m in zip(images, out_hw, matrices)]
+        if bilinear:
+            out = perspective(x.to(device), np.concatenate([matrices, np.zeros((24, 2))], 1), fill, True, in_hw, out_hw)
+            assert _same_as_pillow(out, refs) == 0
+            continue
+        singles = [warp(x[b:b + 1, :, :h, :w].to(device), matrices[b:b + 1], fill, None, out_hw[b:b + 1])
+                   for b, (h, w) in enumerate(in_hw)]
+        assert sum(_same_as_pillow(o, [r]) for o, r in zip(singles, refs)) == 0
+        assert _same_as_pillow(warp(x.to(device), matrices, fill, in_hw, out_hw), refs) == 0

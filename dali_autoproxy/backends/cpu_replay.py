@@ -32,6 +32,7 @@ from dali_autoproxy.plan.ir import (
     Grayscale,
     Normalize,
     Perspective,
+    PillowReduce,
     PillowResize,
     PixelOp,
     Resize,
@@ -106,6 +107,12 @@ def _pillow_resize(img, op: PillowResize, row, v2_step):  # what torchvision's r
     height, width, kind = (int(op.value(row, name)) for name in ("out_height", "out_width", "filter"))
     top, left, bottom, right = (float(op.value(row, f"box_{side}")) for side in ("top", "left", "bottom", "right"))
     return img.resize((width, height), kind, box=(left, top, right, bottom))
+
+
+@CPU_KERNELS.register(PillowReduce)
+def _pillow_reduce(img, op: PillowReduce, row, v2_step):  # what the user's code asked of Pillow
+    factor_y, factor_x = (int(op.value(row, name)) for name in ("factor_y", "factor_x"))
+    return img if (factor_y, factor_x) == (1, 1) else img.reduce((factor_x, factor_y))
 
 
 @CPU_KERNELS.register(Flip)

@@ -129,6 +129,19 @@ class PillowResize(Op):
 
 
 @dataclass(frozen=True)
+class PillowReduce(Op):
+    """Pillow's ``Image.reduce`` (what ``resize(..., reducing_gap=...)`` does first): each output
+    pixel the integer mean of a ``factor_y`` x ``factor_x`` block of the sample's
+    ``in_height`` x ``in_width`` pixels, in Reduce.c's fixed point (fewer pixels at the right and
+    bottom edges); factors 1, 1: the image as it is. Accepts samples of different sizes."""
+    placement: ClassVar[Placement] = Placement.TORCH
+    params: ClassVar[Tuple[str, ...]] = ("in_height", "in_width", "factor_y", "factor_x")
+    keeps_size: ClassVar[bool] = False
+    ragged: ClassVar[bool] = True
+    slot: int
+
+
+@dataclass(frozen=True)
 class Flip(Op):
     """Horizontal (or vertical) flip when ``apply`` is 1."""
     placement: ClassVar[Placement] = Placement.EITHER

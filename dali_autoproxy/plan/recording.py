@@ -43,7 +43,8 @@ Call = Tuple[Any, ...]  # (PILLOW_CALLS name, a, b, c), or a size change: GEOMET
 #       six filters
 #   ("warp", fill, bilinear, height, width, a, b, c, d, e, f): Image.transform(AFFINE) (Image.rotate, transposes)
 #   ("perspective", fill, bilinear, height, width, a, .., h): Image.transform(PERSPECTIVE)
-GEOMETRY_CALLS = ("crop", "resize", "warp", "perspective")
+#   ("reduce", height, width, factor_y, factor_x): Image.reduce of the whole image (its box is a crop before)
+GEOMETRY_CALLS = ("crop", "resize", "warp", "perspective", "reduce")
 
 
 def call_token(call: Call) -> Any:
@@ -246,10 +247,39 @@ class RecordingImage(Image.Image):
         left, top, right, bottom = region
         if (width, height) == self.size and region == (0, 0, *self.size):
             return self._same()
-        if reducing_gap is not None and resample != Image.Resampling.NEAREST and (
-                int((right - left) / width / reducing_gap) > 1 or int((bottom - top) / height / reducing_gap) > 1):
-            raise _needs_pixels()  # Pillow reduces first: not recorded
+        if reducing_gap is not None and resample != Image.Resampling.NEAREST:  # Image.resize's two steps
+            given = (0, 0, *self.size) if box is None else tuple(float(v) for v in box)
+            factor_x = int((given[2] - given[0]) / width / reducing_gap) or 1
+            factor_y = int((given[3] - given[1]) / height / reducing_gap) or 1
+            if factor_x > 1 or factor_y > 1:
+                safe = Image.Image._get_safe_box(self, (width, height), resample, given)
+                reduced = self.reduce((factor_x, factor_y), box=safe)
+                return reduced.resize((width, height), resample, (
+                    (given[0] - safe[0]) / factor_x, (given[1] - safe[1]) / factor_y,
+                    (given[2] - safe[0]) / factor_x, (given[3] - safe[1]) / factor_y))
         return self._sized((width, height), ("resize", height, width, int(resample), top, left, bottom, right))
+
+    def reduce(self, factor: Any, box: Any = None) -> Image.Image:
+        """Pillow's ``Image.reduce``: its box a crop, then the block means (``ir.PillowReduce``)."""
+        try:
+            fx, fy = factor if isinstance(factor, (list, tuple)) else (factor, factor)
+            left, top, right, bottom = (0, 0, *self.size) if box is None else box
+            ok = (all(type(v) is int and v >= 1 for v in (fx, fy))
+                  and all(type(v) is int for v in (left, top, right, bottom))
+                  and 0 <= left < right <= self.width and 0 <= top < bottom <= self.height)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise _needs_pixels()  # as Pillow does it, or raises, in the worker
+        whole = (left, top, right, bottom) == (0, 0, *self.size)
+        if (fx, fy) == (1, 1) and whole:
+            return self._same()
+        out = self if whole else self._sized((right - left, bottom - top), ("crop", top, left, bottom - top,
+                                                                               right - left))
+        if (fx, fy) == (1, 1):
+            return out
+        h, w = bottom - top, right - left
+        return out._sized(((w + fx - 1) // fx, (h + fy - 1) // fy), ("reduce", h, w, fy, fx))
 
     def transform(self, size: Any, method: Any, data: Any = None, resample: Any = Image.Resampling.NEAREST,
                   fill: int = 1, fillcolor: Any = None) -> Image.Image:

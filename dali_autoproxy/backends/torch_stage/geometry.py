@@ -17,11 +17,16 @@ def _coord(v):
     return np.where(v < 0, -1, v.astype(np.int64))
 
 
-def _gather(x: torch.Tensor, yy: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
-    """x[b, :, yy, xx] for per-sample integer coordinate maps [B, H', W'] (clamped to the image)."""
+def _gather(x: torch.Tensor, yy: torch.Tensor, xx: torch.Tensor, in_h=None, in_w=None) -> torch.Tensor:
+    """x[b, :, yy, xx] for per-sample integer coordinate maps [B, H', W'], clamped to each sample's
+    image (``in_h``, ``in_w``: [B, 1, 1] in a padded batch; default the batch's size), as Pillow's
+    XCLIP / YCLIP clamp its bilinear neighbours."""
     b, c, h, w = x.shape
     oh, ow = yy.shape[1], yy.shape[2]
-    index = (yy.clamp(0, h - 1) * w + xx.clamp(0, w - 1)).view(b, 1, oh * ow).expand(b, c, oh * ow)
+    zero = torch.zeros((), dtype=yy.dtype, device=yy.device)
+    yy = yy.clamp(0, h - 1) if in_h is None else torch.minimum(torch.maximum(yy, zero), in_h - 1)
+    xx = xx.clamp(0, w - 1) if in_w is None else torch.minimum(torch.maximum(xx, zero), in_w - 1)
+    index = (yy * w + xx).view(b, 1, oh * ow).expand(b, c, oh * ow)
     return x.reshape(b, c, h * w).gather(2, index).view(b, c, oh, ow)
 
 
@@ -127,15 +132,15 @@ def _perspective_rows(src: torch.Tensor, coeffs: np.ndarray, fill: Sequence[floa
     inside = (xin >= 0) & (xin < in_w) & (yin >= 0) & (yin < in_h)  # also false for NaN
     xin, yin = torch.where(inside, xin, 0.5), torch.where(inside, yin, 0.5)
     if not bilinear:
-        out = _gather(src, yin.to(torch.int64), xin.to(torch.int64))  # COORD: truncation (>= 0 here)
+        out = _gather(src, yin.to(torch.int64), xin.to(torch.int64), in_h, in_w)  # COORD: truncation (>= 0 here)
     else:
         xs, ys = xin - 0.5, yin - 0.5
         fx, fy = torch.floor(xs), torch.floor(ys)
         dx, dy = (xs - fx).unsqueeze(1), (ys - fy).unsqueeze(1)
         ix, iy = fx.to(torch.int64), fy.to(torch.int64)
-        top_l, top_r = _gather(src, iy, ix), _gather(src, iy, ix + 1)
+        top_l, top_r = _gather(src, iy, ix, in_h, in_w), _gather(src, iy, ix + 1, in_h, in_w)
         v1 = top_l + (top_r - top_l) * dx
-        bot_l, bot_r = _gather(src, iy + 1, ix), _gather(src, iy + 1, ix + 1)
+        bot_l, bot_r = _gather(src, iy + 1, ix, in_h, in_w), _gather(src, iy + 1, ix + 1, in_h, in_w)
         v2 = torch.where(((iy + 1) < in_h).unsqueeze(1), bot_l + (bot_r - bot_l) * dx, v1)
         out = torch.trunc(v1 + (v2 - v1) * dy)
     out = torch.where(inside.unsqueeze(1), out, constant(fill, dev, torch.float64))

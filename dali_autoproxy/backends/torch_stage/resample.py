@@ -31,7 +31,7 @@ import torch
 from dali_autoproxy.backends.torch_stage import pillow_weights
 from dali_autoproxy.backends.torch_stage.kept_tables import kept_tables
 from dali_autoproxy.backends.torch_stage.registry import Batch, constant, kernel, upload, valid_sizes
-from dali_autoproxy.plan.ir import Crop, PillowResize
+from dali_autoproxy.plan.ir import Crop, PillowReduce, PillowResize
 
 
 def _whole(in_sizes: np.ndarray) -> np.ndarray:
@@ -186,6 +186,56 @@ def _pillow_resize(x: torch.Tensor, op: PillowResize, batch: Batch) -> torch.Ten
     p = batch.host[:, op.span("in_height", "filter")].astype(np.int64)
     out = pillow_resize(x, p[:, 0:2], p[:, 2:4], p[:, 4], batch.host[:, op.span("box_top", "box_right")])
     batch.sizes = p[:, 2:4]
+    return out
+
+
+def _reduce_multipliers(largest: int) -> np.ndarray:
+    """Reduce.c's division_UINT32(n, 8) for n = 0..largest: (UINT32)(2**32 as a float / (256 n) as a
+    float), in single precision as the C computes it (n = 0 unused)."""
+    n = np.arange(largest + 1, dtype=np.float32)
+    with np.errstate(divide="ignore"):
+        return np.where(n > 0, np.float32(2.0 ** 32) / (np.float32(256) * n), 0).astype(np.int64)
+
+
+def pillow_reduce(x: torch.Tensor, in_hw: np.ndarray, factors: np.ndarray) -> torch.Tensor:
+    """``Image.reduce`` of each sample: x [B, C, H, W] of whole numbers, sample b valid in its
+    top-left in_hw[b], reduced by factors[b] = (y, x): out pixel = ((sum + n // 2) * m(n)) >> 24 in
+    32-bit unsigned arithmetic over the n pixels of its block (whole blocks, then the last column,
+    row and corner with fewer); [B, C, max height, max width], zero past each sample's size."""
+    b, c = x.shape[0], x.shape[1]
+    out_hw = (in_hw + factors - 1) // factors
+    out = torch.zeros((b, c, int(out_hw[:, 0].max()), int(out_hw[:, 1].max())), dtype=torch.float32,
+                      device=x.device)
+    for fy, fx in {(int(a), int(d)) for a, d in factors}:
+        rows = np.flatnonzero((factors[:, 0] == fy) & (factors[:, 1] == fx))
+        sub, hw = x.index_select(0, upload(rows, x.device)), in_hw[rows]
+        oh, ow = int(out_hw[rows, 0].max()), int(out_hw[rows, 1].max())
+        dev = sub.device
+        size = upload(hw, dev)
+        ys = torch.arange(oh * fy, device=dev).view(1, -1, 1)
+        xs = torch.arange(ow * fx, device=dev).view(1, 1, -1)
+        valid = (ys < size[:, 0].view(-1, 1, 1)) & (xs < size[:, 1].view(-1, 1, 1))
+        padded = torch.zeros((len(rows), c, oh * fy, ow * fx), dtype=torch.float32, device=dev)
+        h, w = min(oh * fy, sub.shape[2]), min(ow * fx, sub.shape[3])
+        padded[:, :, :h, :w] = sub[:, :, :h, :w].to(torch.float32)
+        padded = torch.where(valid.unsqueeze(1), padded, 0.0)
+        sums = padded.view(len(rows), c, oh, fy, ow, fx).sum((3, 5)).to(torch.int64)  # exact: integers < 2**24
+        counts = valid.to(torch.int64).view(len(rows), oh, fy, ow, fx).sum((2, 4)).unsqueeze(1)
+        mult = upload(_reduce_multipliers(fy * fx), dev)[counts]
+        reduced = ((((sums + counts // 2) * mult) & 0xFFFFFFFF) >> 24).to(torch.float32)
+        reduced = torch.where(counts > 0, reduced, 0.0)
+        out[upload(rows, x.device), :, :oh, :ow] = reduced
+    return out
+
+
+@kernel(PillowReduce)
+def _pillow_reduce(x: torch.Tensor, op: PillowReduce, batch: Batch) -> torch.Tensor:
+    p = batch.host[:, op.span("in_height", "factor_x")].astype(np.int64)
+    in_hw, factors = p[:, 0:2], p[:, 2:4]
+    if (factors == 1).all():
+        return x
+    out = pillow_reduce(x, in_hw, factors)
+    batch.sizes = (in_hw + factors - 1) // factors
     return out
 
 

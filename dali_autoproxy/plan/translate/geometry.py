@@ -55,7 +55,9 @@ def resample_mode(interpolation, antialias: Optional[bool], state: ChainState) -
 _PILLOW_KIND = {InterpolationMode.NEAREST: PILLOW_FILTERS["nearest"],
                 InterpolationMode.NEAREST_EXACT: PILLOW_FILTERS["nearest"],  # torchvision's mapping for PIL
                 InterpolationMode.BILINEAR: PILLOW_FILTERS["bilinear"],
-                InterpolationMode.BICUBIC: PILLOW_FILTERS["bicubic"], InterpolationMode.BOX: PILLOW_FILTERS["box"]}
+                InterpolationMode.BICUBIC: PILLOW_FILTERS["bicubic"], InterpolationMode.BOX: PILLOW_FILTERS["box"],
+                InterpolationMode.LANCZOS: PILLOW_FILTERS["lanczos"],
+                InterpolationMode.HAMMING: PILLOW_FILTERS["hamming"]}
 
 
 _DALI_RESIZES_PIL = (InterpolationMode.BILINEAR, InterpolationMode.BICUBIC, InterpolationMode.NEAREST,
@@ -65,8 +67,8 @@ _DALI_RESIZES_PIL = (InterpolationMode.BILINEAR, InterpolationMode.BICUBIC, Inte
 def pillow_kind(interpolation, state: ChainState, dali_can: bool = True) -> Optional[int]:
     """Pillow's filter for an exact resize of a PIL image (ir.PillowResize), or None where DALI's
     resize is used: tensors (torch's maths), and PIL images with ``resize="dali"`` (the default)
-    where DALI has the filter. BOX, and a filter drawn per image (``dali_can=False``), take the
-    exact resize either way."""
+    where DALI has the filter. BOX, LANCZOS, HAMMING, and a filter drawn per image
+    (``dali_can=False``), take the exact resize either way."""
     if state.kind != "pil":
         return None
     mode = as_mode(interpolation)

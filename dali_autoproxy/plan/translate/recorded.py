@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from dali_autoproxy.plan.ir import PERSPECTIVE_IDENTITY, Crop, Perspective, PillowResize, Warp
+from dali_autoproxy.plan.ir import PERSPECTIVE_IDENTITY, Crop, Perspective, PillowReduce, PillowResize, Warp
 from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall
 from dali_autoproxy.plan.recording import (
     CALL_SHAPES,
@@ -165,6 +165,7 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
                 continue
             change = (Crop(alloc(Crop), in_bounds=False, fill=(0.0,)) if token == "crop"
                       else PillowResize(alloc(PillowResize)) if token == "resize"
+                      else PillowReduce(alloc(PillowReduce)) if token == "reduce"
                       else Warp(alloc(Warp), fill=token[1], bilinear=token[2]) if token[0] == "warp"
                       else Perspective(alloc(Perspective), fill=token[1], bilinear=token[2]))
             changes.append(change)
@@ -216,6 +217,10 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
                 if type(op) is Crop:
                     top, left, h, w = change[1:] if change is not None else (0, 0, height, width)
                     g.put(op, top=top, left=left, height=h, width=w)
+                elif type(op) is PillowReduce:  # not made: factors 1, 1
+                    fy, fx = change[3:5] if change is not None else (1, 1)
+                    g.put(op, in_height=height, in_width=width, factor_y=fy, factor_x=fx)
+                    h, w = -(-height // fy), -(-width // fx)
                 elif type(op) in (Warp, Perspective):  # not made: the identity to the same size, Pillow's copy
                     identity = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0) if type(op) is Warp else PERSPECTIVE_IDENTITY
                     h, w = change[3:5] if change is not None else (height, width)
