@@ -16,6 +16,8 @@ Modes (each on the same corpus, batch size, workers and transforms):
                    workers read file bytes, DALI decodes (ROI decode for train) on the device; DALI's
                    own operators (color_twist, auto_aug) for the heavy and trivialaugment pipelines
   dali_native      fn.readers.file + the same DALI ops, no DataLoader (upper bound)
+  decode_ceiling   the same DALI ops on JPEG bytes already in memory, each hw_decoder_load share, the best
+                   (the GPU's own limit for the corpus)
   decode_jpeg_gpu  what an expert writes by hand without DALI: workers read bytes, the main process
                    decodes the batch with torchvision.io.decode_jpeg(device="cuda") and runs the v2
                    transforms on the GPU tensors
@@ -141,15 +143,17 @@ def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=F
         dali_autoproxy.disable()
 
 
-def _dali_ops(jpegs, kind, dali_device):
-    """The hand-written DALI equivalent of each pipeline, as DALI's documentation writes it."""
+def _dali_ops(jpegs, kind, dali_device, hw_decoder_load=None):
+    """The hand-written DALI equivalent of each pipeline, as DALI's documentation writes it
+    (``hw_decoder_load``: the share of the GPU's hardware decoder, None for DALI's default)."""
     from nvidia.dali import fn, types
     decode_device = "mixed" if dali_device == "gpu" else "cpu"
+    load = {"hw_decoder_load": hw_decoder_load} if hw_decoder_load is not None and dali_device == "gpu" else {}
     if kind == "decode":
-        images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB)
+        images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB, **load)
         return fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW", crop=(224, 224))
     if kind in ("heavy", "trivialaugment", "jitter_v2"):
-        images = fn.decoders.image_random_crop(jpegs, device=decode_device, output_type=types.RGB,
+        images = fn.decoders.image_random_crop(jpegs, device=decode_device, output_type=types.RGB, **load,
                                                random_aspect_ratio=[0.75, 4.0 / 3.0], random_area=[0.08, 1.0])
         images = fn.resize(images, size=[224, 224], interp_type=types.INTERP_LINEAR, antialias=True)
         images = fn.flip(images, horizontal=fn.random.coin_flip(probability=0.5))
@@ -178,13 +182,13 @@ def _dali_ops(jpegs, kind, dali_device):
                            normalized_anchor=True, normalized_shape=True, axis_names="HW", fill_value=0.0)
         return out
     if kind == "train":
-        images = fn.decoders.image_random_crop(jpegs, device=decode_device, output_type=types.RGB,
+        images = fn.decoders.image_random_crop(jpegs, device=decode_device, output_type=types.RGB, **load,
                                                random_aspect_ratio=[0.75, 4.0 / 3.0], random_area=[0.08, 1.0])
         images = fn.resize(images, size=[224, 224], interp_type=types.INTERP_LINEAR, antialias=True)
         mirror = fn.random.coin_flip(probability=0.5)
         crop = {}
     else:
-        images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB)
+        images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB, **load)
         images = fn.resize(images, resize_shorter=256, interp_type=types.INTERP_LINEAR, antialias=True)
         mirror, crop = 0, {"crop": (224, 224)}
     return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
@@ -235,6 +239,54 @@ def run_dali_native(root, kind, workers, batch, warmup, dali_device, threads):
     return n, dt
 
 
+CEILING_LOADS = (None, 0.65, 0.9, 1.0)  # DALI's default share of the hardware decoder, then fixed shares
+
+
+def run_decode_ceiling(root, kind, workers, batch, warmup, dali_device, threads):
+    """The GPU's own limit for the corpus: the pipeline's DALI operators on JPEG bytes already in
+    memory (no DataLoader, no file reads), with each hardware-decoder share in CEILING_LOADS; the
+    best is returned (each share's figure is printed)."""
+    import torchvision
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    samples = torchvision.datasets.ImageFolder(root).samples
+    data = [(np.fromfile(p, dtype=np.uint8), np.array([c], dtype=np.int64)) for p, c in samples]
+    order = np.random.default_rng(0).permutation(len(data))
+    total = len(data) // batch
+
+    class Epoch:
+        def __init__(self):
+            self.i = 0
+
+        def __call__(self):
+            if self.i >= total:
+                self.i = 0
+                raise StopIteration
+            picked = [data[k] for k in order[self.i * batch:(self.i + 1) * batch]]
+            self.i += 1
+            return [p[0] for p in picked], [p[1] for p in picked]
+
+    best = (0, 1.0)
+    for load in CEILING_LOADS:
+        @pipeline_def(enable_conditionals=kind == "trivialaugment")
+        def pipe():
+            jpegs, labels = fn.external_source(source=Epoch(), num_outputs=2, batch=True,
+                                               dtype=[types.UINT8, types.INT64])
+            return _dali_ops(jpegs, kind, dali_device, hw_decoder_load=load), labels
+
+        p = pipe(batch_size=batch, num_threads=threads, device_id=0 if dali_device == "gpu" else None)
+        it = DALIGenericIterator(p, ["x", "y"], last_batch_policy=LastBatchPolicy.DROP)
+        n, dt = consume(((b[0]["x"], b[0]["y"]) for b in it), "cuda" if dali_device == "gpu" else "cpu", warmup,
+                        total)
+        print(json.dumps({"pipeline": kind, "decode_ceiling_hw_decoder_load": load, "images_per_s": n / dt}),
+              flush=True)
+        if n / dt > best[0] / best[1]:
+            best = (n, dt)
+        del it, p
+        gc.collect()
+    return best
+
+
 def _bytes_and_labels(batch):
     return [b[0] for b in batch], torch.tensor([b[1] for b in batch])
 
@@ -282,7 +334,7 @@ def main(argv=None):
     ap.add_argument("--pipelines", nargs="+", default=["train", "eval"], choices=PIPELINES)
     ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy", "dali_proxy", "dali_native"],
                     choices=["torchvision", "autoproxy", "autoproxy_fast", "autoproxy_pillow", "dali_proxy",
-                             "dali_native",
+                             "dali_native", "decode_ceiling",
                              "decode_jpeg_gpu"])
     ap.add_argument("--warmup", type=int, default=None,
                     help="batches not timed (default: the deepest queue of the modes, at most a third of the epoch)")
@@ -312,11 +364,11 @@ def main(argv=None):
                "autoproxy": lambda *x: run_torchvision(*x[:6], autoproxy=True),
                "autoproxy_fast": lambda *x: run_torchvision(*x[:6], autoproxy=True, fidelity="fast"),
                "autoproxy_pillow": lambda *x: run_torchvision(*x[:6], autoproxy=True, resize="pillow"),
-               "dali_proxy": run_dali_proxy, "dali_native": run_dali_native,
+               "dali_proxy": run_dali_proxy, "dali_native": run_dali_native, "decode_ceiling": run_decode_ceiling,
                "decode_jpeg_gpu": run_decode_jpeg_gpu}
     results = []
     for batch, kind, w in [(b, k, w) for b in a.batch for k in a.pipelines for w in a.workers]:
-        modes = [m for m in a.modes if not (m == "dali_native" and w != a.workers[0])]
+        modes = [m for m in a.modes if not (m in ("dali_native", "decode_ceiling") and w != a.workers[0])]
         runs = {m: [] for m in modes}
         for rep in range(a.repeat):  # modes interleaved, so drift hits all of them alike
             for mode in modes:
@@ -339,7 +391,7 @@ def main(argv=None):
             if not rs:
                 continue
             rates = sorted(r[0] for r in rs)
-            row = {"pipeline": kind, "mode": mode, "workers": w if mode != "dali_native" else 0,
+            row = {"pipeline": kind, "mode": mode, "workers": w if mode not in ("dali_native", "decode_ceiling") else 0,
                    "batch": batch, "runs": len(rs), "images": rs[0][2],
                    "gpu_mb": round(max(r[4] for r in rs)),
                    "images_per_s": round(float(np.median(rates)), 1),
@@ -385,8 +437,9 @@ def chart(results, path: str) -> None:
                          if r["pipeline"] == kind and r["batch"] == batch and r["mode"] == mode)
             if not pts:
                 continue
-            if mode == "dali_native":
-                ax.axhline(pts[0][1], ls=":", color="gray", label="native DALI reader")
+            if mode in ("dali_native", "decode_ceiling"):
+                ax.axhline(pts[0][1], ls=":", color="gray" if mode == "dali_native" else "black",
+                           label="native DALI reader" if mode == "dali_native" else "decode ceiling (in memory)")
             else:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
         ax.set_title(f"{kind}, batch {batch}")
@@ -424,6 +477,12 @@ def summarize(results) -> str:
     for (kind, batch, mode, w), r in sorted(by.items()):
         if mode == "dali_native":
             lines.append(f"\nnative DALI reader ({kind}, batch {batch}): {r['images_per_s']:,.0f} img/s")
+        if mode == "decode_ceiling":
+            shares = ", ".join(f"{_cell(a)} at {w_} workers ({a['images_per_s'] / r['images_per_s']:.0%})"
+                               for (k_, b_, m_, w_), a in sorted(by.items())
+                               if (k_, b_, m_) == (kind, batch, "autoproxy"))
+            lines.append(f"\ndecode ceiling ({kind}, batch {batch}: DALI's operators on JPEG bytes in memory, the best "
+                         f"hardware-decoder share): {r['images_per_s']:,.0f} img/s; autoproxy {shares}")
     return "\n".join(lines)
 
 

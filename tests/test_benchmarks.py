@@ -17,15 +17,16 @@ def test_loader_benchmark_runs_every_mode(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "loader_benchmark.py"), "--data", str(tmp_path / "c"),
            "--images", "48", "--workers", "2", "--batch", "8", "--device", "cpu", "--warmup", "1",
            "--repeat", "2", "--epochs", "2", "--pipelines", "train", "eval", "heavy", "trivialaugment", "jitter_v2",
-           "decode",
+           "decode", "--modes", "torchvision", "autoproxy", "dali_proxy", "dali_native", "decode_ceiling",
            "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
     modes = {(r["pipeline"], r["mode"]) for r in data["results"]}
     assert modes == {(p, m) for p in ("train", "eval", "heavy", "trivialaugment", "jitter_v2", "decode")
-                     for m in ("torchvision", "autoproxy", "dali_proxy", "dali_native")}
+                     for m in ("torchvision", "autoproxy", "dali_proxy", "dali_native", "decode_ceiling")}
     assert all(r["images_per_s"] > 0 for r in data["results"])
+    assert "decode ceiling (train" in (tmp_path / "bench.md").read_text()
     assert data["corpus"]["images"] == 48
     assert "autoproxy / DALI proxy" in (tmp_path / "bench.md").read_text()
     assert (tmp_path / "bench.png").stat().st_size > 1000
