@@ -9,8 +9,9 @@ Python's ``math`` (the C library's, as Pillow calls them). NEAREST is Pillow's s
 transform (ImagingScaleAffine): one weight of 2**22 at ``COORD`` of a running sum of the scale.
 
 A batch of RandomResizedCrop draws repeats the same few hundred (input size, output size)
-pairs, so the tables are computed once and the stage only gathers them per batch: the host
-queues two small copies per pass instead of computing weights for every sample again.
+pairs, so the tables are kept (``tables``, up to KEPT_LIMIT): the CPU path gathers them per batch
+(``batch_weights``); on the GPU they are the reference that ``kept_tables`` equals, and the ones
+it copies (LANCZOS, HAMMING, NEAREST).
 """
 from __future__ import annotations
 
