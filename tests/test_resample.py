@@ -91,6 +91,37 @@ def test_kept_tables_are_pillows(computed_on_the_device):
     assert len(store.where) < len(asked)  # it started over (12 x ~100k weights asked), and stayed right
 
 
+def test_kept_tables_shared_by_threads_stay_right():
+    """Two loaders' pipeline threads asking one store for new and shared keys at once (and the
+    host tables being cleared under them): every key's table is where the store says."""
+    import threading
+
+    from dali_autoproxy.backends.torch_stage import kept_tables as K
+    from dali_autoproxy.backends.torch_stage import pillow_weights as W
+    store = K.KeptTables(torch.device("cpu"))
+    store.COMPUTED_ON = ("cpu",)
+    errors = []
+
+    def ask(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(30):
+            keys = [(int(n), 0.0, float(n), int(o), int(k)) for n, o, k in
+                    zip(rng.integers(1, 400, 16), rng.integers(1, 200, 16), rng.choice([0, 2, 3, 4, 5], 16))]
+            if seed == 1:
+                W._KEPT.clear()
+            for key, (f_at, w_at, taps, out) in zip(keys, store.locate(keys).T):
+                first, weights = W.axis_weights(*key)
+                if not ((store.first[f_at:f_at + out].numpy() == first).all()
+                        and (store.weights[w_at:w_at + out * taps].numpy() == weights.ravel()).all()):
+                    errors.append(key)
+    threads = [threading.Thread(target=ask, args=(s,)) for s in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
 def test_pass_order_follows_pillow():
     """Pillow 13 resizes vertically first when the height shrinks by more than twice as many
     pixels as the width; the two orders round differently, so the rule is checked on a case

@@ -10,6 +10,7 @@ NEAREST (a sequential running sum) are computed on the host (``pillow_weights``)
 """
 from __future__ import annotations
 
+import threading
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -81,7 +82,9 @@ def device_tables(keys: List[Key], device: torch.device) -> Tuple[torch.Tensor, 
 class KeptTables:
     """The tables of one device in two flat int32 buffers (plus one slot past the end that
     unused entries are scattered to). Past ``LIMIT`` weights the buffers start over (a stream of
-    random boxes cannot grow them without bound)."""
+    random boxes cannot grow them without bound). Several loaders' pipeline threads share it:
+    adding is locked, a reader's stream waits for the copies that wrote its tables, and a buffer
+    is regrown or reused only once the device has finished every kernel queued on the old one."""
 
     LIMIT = 1 << 26  # int32 weights (256 MB)
     COMPUTED_ON = ("cuda",)  # device types whose new tables are computed there (tests add "cpu")
@@ -92,19 +95,29 @@ class KeptTables:
         self.weights = torch.zeros(1 << 18, dtype=torch.int32, device=device)
         self.where: Dict[Key, Tuple[int, int, int, int]] = {}  # first offset, weights offset, taps, output size
         self.n_first = self.n_weights = 0
+        self._lock = threading.Lock()
+        self._written = torch.cuda.Event() if device.type == "cuda" else None
 
     def locate(self, keys: List[Key]) -> np.ndarray:
-        """int64 [4, B]: each key's first-pixel offset, weights offset, taps and output size."""
-        missing = [k for k in dict.fromkeys(keys) if k not in self.where]
-        if missing:
-            self._add(missing)
-        return np.array([self.where[k] for k in keys], dtype=np.int64).T.copy()
+        """int64 [4, B]: each key's first-pixel offset, weights offset, taps and output size; the
+        current stream made to wait for the copies that wrote them (from any thread)."""
+        with self._lock:
+            missing = [k for k in dict.fromkeys(keys) if k not in self.where]
+            if missing:
+                self._add(missing)
+                if self._written is not None:
+                    self._written.record(torch.cuda.current_stream(self.device))
+            where = np.array([self.where[k] for k in keys], dtype=np.int64).T.copy()
+            if self._written is not None:
+                torch.cuda.current_stream(self.device).wait_event(self._written)
+        return where
 
     def _add(self, keys: List[Key]) -> None:
         taps = taps_of(keys)
         outs = np.array([k[3] for k in keys], dtype=np.int64)
         n_first, n_weights = int(outs.sum()), int((outs * taps).sum())
         if self.n_weights + n_weights > self.LIMIT:
+            self._idle()  # kernels queued on other streams may still read what is overwritten now
             self.where, self.n_first, self.n_weights = {}, 0, 0
         self.first = self._room(self.first, self.n_first + n_first + 1)
         self.weights = self._room(self.weights, self.n_weights + n_weights + 1)
@@ -140,13 +153,17 @@ class KeptTables:
         spot = torch.where(valid, w_at.unsqueeze(2) + o.unsqueeze(2) * tp.unsqueeze(2) + k, len(self.weights) - 1)
         self.weights.index_put_((spot.view(-1),), weights.to(torch.int32).view(-1))
 
-    @staticmethod
-    def _room(buffer: torch.Tensor, needed: int) -> torch.Tensor:
+    def _room(self, buffer: torch.Tensor, needed: int) -> torch.Tensor:
         if needed <= len(buffer):
             return buffer
         grown = torch.zeros(max(2 * len(buffer), needed), dtype=buffer.dtype, device=buffer.device)
         grown[:len(buffer) - 1] = buffer[:len(buffer) - 1]
+        self._idle()  # the old buffer is freed: no kernel on another stream may still read it
         return grown
+
+    def _idle(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
 
 _KEPT: Dict[str, KeptTables] = {}

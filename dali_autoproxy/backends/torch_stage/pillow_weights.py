@@ -79,16 +79,19 @@ def axis_weights(in_size: int, in0: float, in1: float, out_size: int, kind: int)
 
 
 def tables(*keys: Key) -> List[Table]:
-    """``axis_weights`` of each key; the ones not kept yet computed together, per filter."""
-    missing = [k for k in dict.fromkeys(keys) if k not in _KEPT]
+    """``axis_weights`` of each key; the ones not kept yet computed together, per filter. (Safe
+    from several pipeline threads: what a call returns is held here, whatever another clears.)"""
+    found = {k: _KEPT.get(k) for k in keys}
+    missing = [k for k, table in found.items() if table is None]
     if missing:
         if len(_KEPT) + len(missing) > KEPT_LIMIT:
             _KEPT.clear()
         for kind in sorted({k[4] for k in missing}):
             group = [k for k in missing if k[4] == kind]
             made = [_nearest(*k[:4]) for k in group] if kind == NEAREST else _resampled(group, kind)
+            found.update(zip(group, made))
             _KEPT.update(zip(group, made))
-    return [_KEPT[k] for k in keys]
+    return [found[k] for k in keys]
 
 
 def _nearest(in_size: int, in0: float, in1: float, out_size: int) -> Table:
