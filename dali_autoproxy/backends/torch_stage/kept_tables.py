@@ -130,9 +130,9 @@ class KeptTables:
             if on_device and kind in _ON_DEVICE:
                 self._scatter(group, first_at[rows], weights_at[rows], taps[rows])
                 continue
-            for (f, w), i in zip(pw.tables(*group), rows):  # the host's tables, copied
-                self.first[first_at[i]:first_at[i] + len(f)] = upload(f, self.device)
-                self.weights[weights_at[i]:weights_at[i] + w.size] = upload(w.ravel(), self.device)
+            for (f, w), i in zip(pw.tables(*group), rows):  # the host's tables (read-only), copied
+                self.first[first_at[i]:first_at[i] + len(f)] = upload(f.copy(), self.device)
+                self.weights[weights_at[i]:weights_at[i] + w.size] = upload(w.ravel().copy(), self.device)
         for i, key in enumerate(keys):
             self.where[key] = (int(first_at[i]), int(weights_at[i]), int(taps[i]), int(outs[i]))
         self.n_first, self.n_weights = self.n_first + n_first, self.n_weights + n_weights
