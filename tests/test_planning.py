@@ -93,7 +93,7 @@ def test_a_dali_only_step_after_the_resize_keeps_dalis_resize_instead_of_the_wor
     (T.Compose([T.Resize(10)]), "ends in a PIL image"),
     (T.Compose([T.Normalize([0.5], [0.5])]), "needs a float tensor"),
     (T.Compose([T.ToTensor(), T.ToTensor()]), "expects a PIL image"),
-    (T.Compose([T.Resize(10, interpolation=T.InterpolationMode.LANCZOS), T.ToTensor()]), "lanczos"),
+    (T.Compose([T.ToTensor(), T.Resize(10, interpolation=T.InterpolationMode.LANCZOS)]), "lanczos"),  # a tensor
     (T.Compose([T.ToTensor(), T.Resize(10, interpolation=T.InterpolationMode.BICUBIC)]), "BICUBIC on tensors"),
     (v2.Compose([v2.ToImage(), v2.ToDtype({torch.Tensor: torch.float32})]), "dict"),
 ])
