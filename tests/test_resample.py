@@ -17,7 +17,7 @@ from photos import make_photo_folder, photographs
 from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FILTERS = {"nearest": 0, "bilinear": 2, "bicubic": 3, "box": 4}
+FILTERS = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
 
 
 def _batch(rng, n, max_side=160, max_out=120):

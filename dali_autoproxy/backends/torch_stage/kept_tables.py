@@ -23,62 +23,6 @@ Key = pw.Key
 _ON_DEVICE = (pw.BILINEAR, pw.BICUBIC, pw.BOX)
 
 
-def _filter(kind: int, x: torch.Tensor) -> torch.Tensor:
-    """Resample.c's box, bilinear and bicubic (a = -0.5) filters, one torch op per C operation."""
-    if kind == pw.BOX:
-        return ((x > -0.5) & (x <= 0.5)).to(torch.float64)
-    x = x.abs()
-    if kind == pw.BILINEAR:
-        return torch.where(x < 1.0, 1.0 - x, 0.0)
-    a = -0.5
-    near = (((x * (a + 2.0)) - (a + 3.0)) * x) * x + 1
-    far = ((((x - 5) * x) + 8) * x - 4) * a
-    return torch.where(x < 1.0, near, torch.where(x < 2.0, far, 0.0))
-
-
-def taps_of(keys: List[Key]) -> np.ndarray:
-    """ksize = (int)ceil(support) * 2 + 1 of each key (NEAREST: 1), as precompute_coeffs sizes it."""
-    f0 = np.array([k[1] for k in keys], dtype=np.float32)
-    f1 = np.array([k[2] for k in keys], dtype=np.float32)
-    scale = (f1 - f0).astype(np.float64) / np.array([k[3] for k in keys], dtype=np.int64)
-    support = np.array([pw.SUPPORT.get(k[4], 0.0) for k in keys]) * np.maximum(scale, 1.0)
-    taps = np.ceil(support).astype(np.int64) * 2 + 1
-    return np.where(np.array([k[4] for k in keys]) == pw.NEAREST, 1, taps)
-
-
-def device_tables(keys: List[Key], device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Tables of keys of one filter (BILINEAR, BICUBIC or BOX) computed on ``device``: first
-    (int64 [n, out_max]) and weights (int64 [n, out_max, taps_max]), zero past each key's own
-    output size and taps; each row the C's computation for its key."""
-    kind = keys[0][4]
-    f0 = np.array([k[1] for k in keys], dtype=np.float32)
-    f1 = np.array([k[2] for k in keys], dtype=np.float32)
-    outs = np.array([k[3] for k in keys], dtype=np.int64)
-    scale = (f1 - f0).astype(np.float64) / outs  # (double)(in1 - in0) / outSize: a float subtraction
-    filterscale = np.maximum(scale, 1.0)
-    support = pw.SUPPORT[kind] * filterscale
-    out_max, taps = int(outs.max()), int(taps_of(keys).max())
-    per_key = upload(np.stack([scale, support, 1.0 / filterscale, f0.astype(np.float64),
-                               np.array([k[0] for k in keys], dtype=np.float64), outs.astype(np.float64)], 1), device)
-    sc, sup, inv, start, in_size, out = (v.view(-1, 1) for v in per_key.unbind(1))
-    xx = torch.arange(out_max, device=device, dtype=torch.float64).view(1, -1)
-    center = start + (xx + 0.5) * sc
-    xmin = torch.clamp((center - sup + 0.5).to(torch.int64), min=0)  # (int) truncates toward zero
-    xmax = torch.minimum((center + sup + 0.5).to(torch.int64), in_size.to(torch.int64)) - xmin
-    t = torch.arange(taps, device=device).view(1, 1, -1)
-    used = (t < xmax.unsqueeze(2)) & (xx < out).unsqueeze(2)
-    arg = (((t + xmin.unsqueeze(2)).to(torch.float64) - center.unsqueeze(2)) + 0.5) * inv.unsqueeze(2)
-    w = torch.where(used, _filter(kind, arg), 0.0)
-    ww = torch.zeros_like(center)
-    for k in range(taps):  # the C's sequential sum
-        ww = torch.where(used[:, :, k], ww + w[:, :, k], ww)
-    nonzero = (ww != 0.0).unsqueeze(2)
-    k_norm = torch.where(nonzero, w / torch.where(nonzero, ww.unsqueeze(2), 1.0), w)
-    fixed = k_norm * float(1 << pw.PRECISION_BITS)
-    weights = torch.where(used, torch.where(k_norm < 0, -0.5 + fixed, 0.5 + fixed).to(torch.int64), 0)
-    return torch.where(xx < out, xmin, 0), weights
-
-
 class KeptTables:
     """The tables of one device in two flat int32 buffers (plus one slot past the end that
     unused entries are scattered to). Past ``LIMIT`` weights the buffers start over (a stream of
@@ -113,7 +57,7 @@ class KeptTables:
         return where
 
     def _add(self, keys: List[Key]) -> None:
-        taps = taps_of(keys)
+        taps = pw.taps_of(keys)
         outs = np.array([k[3] for k in keys], dtype=np.int64)
         n_first, n_weights = int(outs.sum()), int((outs * taps).sum())
         if self.n_weights + n_weights > self.LIMIT:
@@ -138,9 +82,9 @@ class KeptTables:
         self.n_first, self.n_weights = self.n_first + n_first, self.n_weights + n_weights
 
     def _scatter(self, keys: List[Key], first_at: np.ndarray, weights_at: np.ndarray, taps: np.ndarray) -> None:
-        """``device_tables`` of the keys written at their offsets; entries past a key's output
-        size or taps go to the buffers' last slot."""
-        first, weights = device_tables(keys, self.device)
+        """``pillow_weights.coefficients`` of the keys, computed here on the device and written at
+        their offsets; entries past a key's output size or taps go to the buffers' last slot."""
+        first, weights = pw.coefficients(keys, self.device)
         n, out_max, taps_max = weights.shape
         at = upload(np.stack([first_at, weights_at, taps, [k[3] for k in keys]], 1), self.device)
         f_at, w_at, tp, out = (v.view(-1, 1) for v in at.unbind(1))

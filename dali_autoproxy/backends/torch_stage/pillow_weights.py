@@ -1,10 +1,11 @@
-"""Pillow's resampling weights, computed on the host exactly as Resample.c computes them, and
-kept: one table per (input size, box, output size, filter) along one axis.
+"""Pillow's resampling weights, computed exactly as Resample.c computes them (``coefficients``,
+on the host or the GPU), and kept on the host: one table per (input size, box, output size,
+filter) along one axis.
 
 ``precompute_coeffs`` and ``normalize_coeffs_8bpc`` in the C's operation order: the box is single
 precision (Pillow parses it as C floats and subtracts in float), everything after it double
-precision, one NumPy operation per C operation (NumPy never contracts a multiply and an add),
-the weights of one output pixel summed left to right, LANCZOS' and HAMMING's ``sin``/``cos`` from
+precision, one torch operation per C operation (elementwise ops never contract a multiply and
+an add), the weights of one output pixel summed left to right, LANCZOS' and HAMMING's ``sin``/``cos`` from
 Python's ``math`` (the C library's, as Pillow calls them). NEAREST is Pillow's scale-only affine
 transform (ImagingScaleAffine): one weight of 2**22 at ``COORD`` of a running sum of the scale.
 
@@ -19,7 +20,9 @@ import math
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
+import torch
 
+from dali_autoproxy.backends.torch_stage.registry import upload
 from dali_autoproxy.plan.ir import PILLOW_FILTERS
 
 NEAREST, LANCZOS, BILINEAR, BICUBIC, BOX, HAMMING = (
@@ -49,19 +52,21 @@ def _scalar(kind: int, x: float) -> float:
     return math.sin(x) / x * (_HAMMING_A + _HAMMING_B * math.cos(x))
 
 
-def _filter(kind: int, x: np.ndarray) -> np.ndarray:
-    """Resample.c's filters on float64 arrays, operation by operation."""
+def _filter(kind: int, x: torch.Tensor) -> torch.Tensor:
+    """Resample.c's filters on a float64 tensor, one torch op per C operation (nothing contracted
+    into a multiply-add); LANCZOS and HAMMING value by value with the C library's sin and cos."""
+    if kind in (LANCZOS, HAMMING):
+        values = [_scalar(kind, float(v)) for v in x.detach().cpu().numpy().ravel()]
+        return torch.tensor(values, dtype=torch.float64).view(x.shape).to(x.device)
     if kind == BOX:
-        return ((x > -0.5) & (x <= 0.5)).astype(np.float64)
-    if kind in (LANCZOS, HAMMING):  # libm's sin and cos, value by value
-        return np.array([_scalar(kind, float(v)) for v in x.ravel()], dtype=np.float64).reshape(x.shape)
-    x = np.abs(x)
+        return ((x > -0.5) & (x <= 0.5)).to(torch.float64)
+    x = x.abs()
     if kind == BILINEAR:
-        return np.where(x < 1.0, 1.0 - x, 0.0)
+        return torch.where(x < 1.0, 1.0 - x, 0.0)
     a = -0.5
     near = (((x * (a + 2.0)) - (a + 3.0)) * x) * x + 1
     far = ((((x - 5) * x) + 8) * x - 4) * a
-    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+    return torch.where(x < 1.0, near, torch.where(x < 2.0, far, 0.0))
 
 
 Key = Tuple[int, float, float, int, int]  # (input size, box start, box end, output size, filter)
@@ -88,7 +93,7 @@ def tables(*keys: Key) -> List[Table]:
             _KEPT.clear()
         for kind in sorted({k[4] for k in missing}):
             group = [k for k in missing if k[4] == kind]
-            made = [_nearest(*k[:4]) for k in group] if kind == NEAREST else _resampled(group, kind)
+            made = [_nearest(*k[:4]) for k in group] if kind == NEAREST else _resampled(group)
             found.update(zip(group, made))
             _KEPT.update(zip(group, made))
     return [found[k] for k in keys]
@@ -105,35 +110,56 @@ def _nearest(in_size: int, in0: float, in1: float, out_size: int) -> Table:
     return _frozen(first), _frozen(np.where(inside, 1 << PRECISION_BITS, 0).astype(np.int32)[:, None])
 
 
-def _resampled(keys: List[Key], kind: int) -> List[Table]:
-    """precompute_coeffs + normalize_coeffs_8bpc for several keys of one filter at once: each
-    key's row is the C's computation for it (every operation elementwise, so batching the keys
-    changes no value)."""
-    in_sizes = np.array([k[0] for k in keys], dtype=np.int64)
+def taps_of(keys: List[Key]) -> np.ndarray:
+    """ksize = (int)ceil(support) * 2 + 1 of each key (NEAREST: 1), as precompute_coeffs sizes it."""
+    f0 = np.array([k[1] for k in keys], dtype=np.float32)
+    f1 = np.array([k[2] for k in keys], dtype=np.float32)
+    scale = (f1 - f0).astype(np.float64) / np.array([k[3] for k in keys], dtype=np.int64)
+    support = np.array([SUPPORT.get(k[4], 0.0) for k in keys]) * np.maximum(scale, 1.0)
+    taps = np.ceil(support).astype(np.int64) * 2 + 1
+    return np.where(np.array([k[4] for k in keys]) == NEAREST, 1, taps)
+
+
+def coefficients(keys: List[Key], device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """precompute_coeffs + normalize_coeffs_8bpc for keys of one filter (not NEAREST), together,
+    on ``device``: first (int64 [n, out_max]) and weights (int64 [n, out_max, taps_max]), zero past
+    each key's own output size and taps. Each row is the C's computation for its key: every
+    operation elementwise and IEEE on the host and on the GPU alike, so batching the keys or the
+    device changes no value."""
+    kind = keys[0][4]
     f0 = np.array([k[1] for k in keys], dtype=np.float32)
     f1 = np.array([k[2] for k in keys], dtype=np.float32)
     outs = np.array([k[3] for k in keys], dtype=np.int64)
     scale = (f1 - f0).astype(np.float64) / outs  # (double)(in1 - in0) / outSize: a float subtraction
     filterscale = np.maximum(scale, 1.0)
     support = SUPPORT[kind] * filterscale
-    taps_each = np.ceil(support).astype(np.int64) * 2 + 1
-    out_max, taps = int(outs.max()), int(taps_each.max())
-    center = f0.astype(np.float64)[:, None] + (np.arange(out_max, dtype=np.float64)[None, :] + 0.5) * scale[:, None]
-    xmin = np.maximum((center - support[:, None] + 0.5).astype(np.int64), 0)  # (int) truncates toward zero
-    xmax = np.minimum((center + support[:, None] + 0.5).astype(np.int64), in_sizes[:, None]) - xmin
-    t = np.arange(taps)[None, None, :]
-    used = (t < xmax[:, :, None]) & (np.arange(out_max)[None, :, None] < outs[:, None, None])
-    arg = (((t + xmin[:, :, None]).astype(np.float64) - center[:, :, None]) + 0.5) * (1.0 / filterscale)[:, None, None]
-    w = np.where(used, _filter(kind, np.where(used, arg, 0.0)), 0.0)
-    ww = np.zeros(center.shape)
+    out_max, taps = int(outs.max()), int(taps_of(keys).max())
+    per_key = upload(np.stack([scale, support, 1.0 / filterscale, f0.astype(np.float64),
+                               np.array([k[0] for k in keys], dtype=np.float64), outs.astype(np.float64)], 1), device)
+    sc, sup, inv, start, in_size, out = (v.view(-1, 1) for v in per_key.unbind(1))
+    xx = torch.arange(out_max, device=device, dtype=torch.float64).view(1, -1)
+    center = start + (xx + 0.5) * sc
+    xmin = torch.clamp((center - sup + 0.5).to(torch.int64), min=0)  # (int) truncates toward zero
+    xmax = torch.minimum((center + sup + 0.5).to(torch.int64), in_size.to(torch.int64)) - xmin
+    t = torch.arange(taps, device=device).view(1, 1, -1)
+    used = (t < xmax.unsqueeze(2)) & (xx < out).unsqueeze(2)
+    arg = (((t + xmin.unsqueeze(2)).to(torch.float64) - center.unsqueeze(2)) + 0.5) * inv.unsqueeze(2)
+    w = torch.where(used, _filter(kind, torch.where(used, arg, 0.0)), 0.0)
+    ww = torch.zeros_like(center)
     for k in range(taps):  # the C's sequential sum
-        ww = np.where(used[:, :, k], ww + w[:, :, k], ww)
-    k_norm = np.where(ww[:, :, None] != 0.0, w / np.where(ww != 0.0, ww, 1.0)[:, :, None], w)
+        ww = torch.where(used[:, :, k], ww + w[:, :, k], ww)
+    nonzero = (ww != 0.0).unsqueeze(2)
+    k_norm = torch.where(nonzero, w / torch.where(nonzero, ww.unsqueeze(2), 1.0), w)
     fixed = k_norm * float(1 << PRECISION_BITS)
-    weights = np.where(used, np.where(k_norm < 0, -0.5 + fixed, 0.5 + fixed).astype(np.int64), 0).astype(np.int32)
-    first = xmin.astype(np.int32)
-    return [(_frozen(first[i, :o].copy()), _frozen(weights[i, :o, :n].copy()))
-            for i, (o, n) in enumerate(zip(outs, taps_each))]
+    weights = torch.where(used, torch.where(k_norm < 0, -0.5 + fixed, 0.5 + fixed).to(torch.int64), 0)
+    return torch.where(xx < out, xmin, 0), weights
+
+
+def _resampled(keys: List[Key]) -> List[Table]:
+    """``coefficients`` on the host, cut into each key's own table."""
+    first, weights = (v.numpy() for v in coefficients(keys, torch.device("cpu")))
+    return [(_frozen(first[i, :k[3]].astype(np.int32)), _frozen(weights[i, :k[3], :n].astype(np.int32)))
+            for i, (k, n) in enumerate(zip(keys, taps_of(keys)))]
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

@@ -37,10 +37,6 @@ from dali_autoproxy.backends.torch_stage.registry import Batch, constant, kernel
 from dali_autoproxy.plan.ir import Crop, PillowReduce, PillowResize
 
 
-def _whole(in_sizes: np.ndarray) -> np.ndarray:
-    return np.stack([np.zeros(len(in_sizes)), np.asarray(in_sizes, dtype=np.float64)], 1)
-
-
 def _weights(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, in_max: int,
              out_max: int, device: torch.device) -> torch.Tensor:
     """float64 [B, out_max, in_max]: each sample's Pillow weights as a dense matrix (zero rows past
