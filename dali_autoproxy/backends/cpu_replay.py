@@ -268,6 +268,7 @@ _PILLOW_CALLS = {  # what the user's code called, called again with the same arg
     "hue": lambda img, a, b, c: F.adjust_hue(img, _hue_factor(int(a))),
     "unsharp_mask": lambda img, a, b, c: img.filter(ImageFilter.UnsharpMask(a, int(b), int(c))),
     "tv_blur": lambda img, a, b, c: _torchvision_blur(img, int(a), b, c),
+    "permute": lambda img, a, b, c: Image.merge(img.mode, [img.getchannel(int(k)) for k in (a, b, c)]),
 }
 
 

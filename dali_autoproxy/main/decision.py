@@ -16,7 +16,7 @@ from torch.utils.data._utils.collate import default_collate
 from dali_autoproxy.config import Options
 from dali_autoproxy.patches import unsupported
 from dali_autoproxy.plan.ir import Unsupported
-from dali_autoproxy.plan.planning import Plan, build_plan, walk
+from dali_autoproxy.plan.planning import Plan, build_plan, may_be_joint, walk
 from dali_autoproxy.plan.translate import flatten, transform_name
 
 
@@ -29,6 +29,7 @@ class Decision:
     chain_classes: set = field(default_factory=set)       # their types, whose calls the workers take
     worker_transforms: List[str] = field(default_factory=list)
     unplanned: List[str] = field(default_factory=list)    # chains found that stay in the worker, and why
+    joint: List[str] = field(default_factory=list)        # chains planned per call with their targets, in the workers
     collate: Any = None                                   # the user's collate_fn, run in the main process
 
 
@@ -82,23 +83,27 @@ def decide(loader: Any, options: Options) -> Decision:
                         "and the module globals its methods use)", worker_transforms=names)
     plans: Dict[str, Plan] = {}
     unplanned: List[str] = []
+    joint: List[str] = []
     first_reason = None
     for path, chain in found.chains:
         try:
             plan = build_plan(chain)
         except Unsupported as exc:
+            if may_be_joint(chain):  # called with its targets, it is planned in the workers, per call
+                joint.append(f"{_path_text(path)}: {transform_name(chain)}")
+                continue
             first_reason = first_reason or str(exc)  # text, not the exception: see _own_frames_dropped
             unplanned.append(f"{_path_text(path)}: {exc}")
             continue
         plans.setdefault(plan.key, plan)
-    if not plans:
+    if not plans and not joint:
         return Decision(False, f"transform: {first_reason}", worker_transforms=names)
     device, why = resolve_device(options)
     if device is None:
         return Decision(False, why, worker_transforms=names)
     classes = {type(chain) for _, chain in found.chains}
     collate = None if loader.collate_fn is default_collate else loader.collate_fn
-    return Decision(True, None, device, plans, classes, unplanned=unplanned, collate=collate)
+    return Decision(True, None, device, plans, classes, unplanned=unplanned, joint=joint, collate=collate)
 
 
 def max_batch_size(loader: Any) -> Optional[int]:

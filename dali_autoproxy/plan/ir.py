@@ -355,7 +355,7 @@ class ToCHW(Op):
 ALL_OPS: Tuple[type, ...] = tuple(_OPS)  # the built-in ops
 
 
-def split_at_takeover(ops: Sequence[Op]) -> Tuple[List[Op], List[Op]]:
+def split_at_takeover(ops: Sequence[Op], any_size: bool = False) -> Tuple[List[Op], List[Op]]:
     """(DALI's ops, the torch stage's ops): the stage takes over at the first TORCH op when it
     can run everything from there on. Where that op needs one size for the whole batch, the stage
     also takes the size-keeping EITHER ops just before it, so that DALI hands over uint8 pixels of
@@ -363,10 +363,12 @@ def split_at_takeover(ops: Sequence[Op]) -> Tuple[List[Op], List[Op]]:
     DALI hands over its crops padded to one size and keeps the ops before. Without such an op,
     with a DALI-only op after it, or with a crop or resize after an op that needs one size while
     DALI has not cropped yet (a ColorJitter before a crop), all ops stay with DALI (planning then
-    refuses a TORCH op left there, and the worker runs the chain's head)."""
+    refuses a TORCH op left there, and the worker runs the chain's head). ``any_size``: the plan's
+    images end at sizes of their own anyway (a joint transform's), so the stage takes them as they
+    come, one sample at a time where an op needs one size."""
     for k, op in enumerate(ops):
         if op.placement is Placement.TORCH:
-            if (not op.ragged and all(o.keeps_size for o in ops[:k])
+            if (not any_size and not op.ragged and all(o.keeps_size for o in ops[:k])
                     and not all(o.keeps_size for o in ops[k:])):
                 break  # DALI would hand over every image at its own size to an op that needs one size
             if all(o.placement is not Placement.DALI for o in ops[k:]):

@@ -51,6 +51,7 @@ PILLOW_CALLS = (
     "keep",            # Image.blend's first branch point: the image as it is here, kept for "blend_kept"
     "blend_kept",      # Image.blend(kept, image, a) (b = 0) or Image.blend(image, kept, a) (b = 1)
     "tv_blur",         # torchvision's gaussian_blur on PIL: a = blur_window(v2, kx, ky), b, c = sigma x, y
+    "permute",         # v2's permute_channels on PIL (RandomPhotometricDistort): a, b, c = the channel order
 )
 
 

@@ -39,6 +39,8 @@ class Plan:
     worker_prefix: int = 0  # leading (flattened) transforms the worker runs itself
     worker_names: List[str] = field(default_factory=list)
     split_reason: Optional[str] = None  # why those stay in the worker
+    any_size: bool = False  # its images end at sizes of their own (a joint transform's): the torch stage
+    #                         may take every sample at its own size (``ir.split_at_takeover``)
 
     @property
     def ops(self) -> List[Op]:
@@ -51,7 +53,7 @@ class Plan:
 
     def signature(self) -> str:
         """Everything a back end uses: ops, the transforms they came from, the worker split."""
-        return f"{self.worker_prefix}|{[(s.name, s.ops) for s in self.steps]!r}"
+        return f"{self.worker_prefix}|{self.any_size}|{[(s.name, s.ops) for s in self.steps]!r}"
 
     @functools.cached_property
     def key(self) -> str:
@@ -203,7 +205,8 @@ def _looks_like_dataset(obj: Any) -> bool:
 ENDS_AS_PIL = "the chain ends in a PIL image, which default_collate cannot batch"
 
 
-def _translate(transforms: List[Any], exact_resize: bool = True, ends_as_pil: bool = False) -> Plan:
+def _translate(transforms: List[Any], exact_resize: bool = True, ends_as_pil: bool = False,
+               any_size: bool = False) -> Plan:
     state = ChainState(fidelity=SETTINGS["fidelity"], exact_resize=exact_resize and SETTINGS["resize"] == "pillow")
     counter = [0]
 
@@ -217,9 +220,12 @@ def _translate(transforms: List[Any], exact_resize: bool = True, ends_as_pil: bo
     if not steps:
         raise Unsupported("the transform chain is empty")
     if not ends_as_pil and state.kind == "pil" and steps[-1].note is not None and guess_tensor_tail(transforms[-1]):
-        return _translate(transforms, exact_resize, ends_as_pil)  # a recorded last step: it may make the tensor
+        return _translate(transforms, exact_resize, ends_as_pil, any_size)  # a recorded last step: it may make
+        #                                                                    the tensor
     try:
-        return _checked(steps, state, counter[0], transforms, ends_as_pil)
+        plan = _checked(steps, state, counter[0], transforms, ends_as_pil, any_size)
+        plan.any_size = any_size
+        return plan
     except Unsupported:
         recorded = next((s.note for s in steps if s.note), None)
         if recorded is None:
@@ -227,9 +233,10 @@ def _translate(transforms: List[Any], exact_resize: bool = True, ends_as_pil: bo
         raise Unsupported(recorded) from None  # what its converter said, as without recording
 
 
-def _checked(steps: List[Step], state: ChainState, n_params: int, transforms: List[Any], ends_as_pil: bool) -> Plan:
+def _checked(steps: List[Step], state: ChainState, n_params: int, transforms: List[Any], ends_as_pil: bool,
+             any_size: bool = False) -> Plan:
     """The plan of these steps, where DALI and the torch stage can run them in this order."""
-    dali_part, _ = split_at_takeover([op for s in steps for op in s.ops])
+    dali_part, _ = split_at_takeover([op for s in steps for op in s.ops], any_size)
     stuck = [op for op in dali_part if op.placement is Placement.TORCH]
     if stuck:
         name = next(s.name for s in steps if stuck[0] in s.ops)
@@ -298,6 +305,27 @@ def _target_transforms() -> frozenset:
     return frozenset(getattr(v2, n) for n in names if hasattr(v2, n))
 
 
+class JointOnly(Unsupported):
+    """A chain that only works on an image with its targets: planned per call, in the workers
+    (``worker/joint.py``), as a joint transform."""
+
+
+def may_be_joint(chain: Any) -> bool:
+    """Whether a chain may be called with an image and its targets (torchvision v2's transforms),
+    which the workers take over as a joint transform."""
+    try:
+        from torchvision.transforms.v2 import Transform
+    except ImportError:  # pragma: no cover - torchvision without v2
+        return False
+    return isinstance(chain, Transform)
+
+
+def build_joint_plan(call: Any) -> Plan:
+    """The plan of a joint transform's call (``worker/joint.py``), one recorded step: its images
+    end at sizes of their own, so the torch stage takes each sample at its own size where it must."""
+    return _translate([call], any_size=True)
+
+
 def build_plan(transform: Any) -> Plan:
     """Translate a transform chain; where a step cannot be translated, offload the longest
     tail that can (partial offload: the worker runs the rest, and decodes); raise
@@ -305,8 +333,7 @@ def build_plan(transform: Any) -> Plan:
     flat = flatten(transform)
     joint = next((t for t in flat if type(t) in _target_transforms()), None)
     if joint is not None:
-        raise Unsupported(f"joint image-and-target transform ({transform_name(joint)} works on its targets): "
-                          "not taken over yet")
+        raise JointOnly(f"joint image-and-target transform ({transform_name(joint)} works on its targets)")
     try:
         return _translate(flat)
     except Unsupported as exc:

@@ -44,7 +44,9 @@ Call = Tuple[Any, ...]  # (PILLOW_CALLS name, a, b, c), or a size change: GEOMET
 #   ("warp", fill, bilinear, height, width, a, b, c, d, e, f): Image.transform(AFFINE) (Image.rotate, transposes)
 #   ("perspective", fill, bilinear, height, width, a, .., h): Image.transform(PERSPECTIVE)
 #   ("reduce", height, width, factor_y, factor_x): Image.reduce of the whole image (its box is a crop before)
-GEOMETRY_CALLS = ("crop", "resize", "warp", "perspective", "reduce")
+#   ("pad", fill, top, left, height, width): ImageOps.expand (torchvision's constant pad), a crop with the
+#       fill outside the image, ``top`` and ``left`` minus the borders
+GEOMETRY_CALLS = ("crop", "resize", "warp", "perspective", "reduce", "pad")
 
 
 def call_token(call: Call) -> Any:
@@ -52,6 +54,8 @@ def call_token(call: Call) -> Any:
     the filter (fixed in its op)."""
     if call[0] == "tensor":  # made a tensor (plan/recording_tensor.py): the transform it equals
         return tuple(call)
+    if call[0] == "pad":
+        return tuple(call[:2])
     return tuple(call[:3]) if call[0] in ("warp", "perspective") else call[0]
 RESIZE_FILTERS = (Image.Resampling.NEAREST, Image.Resampling.LANCZOS, Image.Resampling.BILINEAR,
                   Image.Resampling.BICUBIC, Image.Resampling.BOX, Image.Resampling.HAMMING)  # ir.PillowResize's
@@ -301,6 +305,16 @@ class RecordingImage(Image.Image):
         return self._sized((width, height), (kind, tuple(float(v) for v in colour),
                                              resample == Image.Resampling.BILINEAR, height, width)
                            + tuple(float(v) for v in data[:n]))
+
+    def padded(self, left: int, top: int, right: int, bottom: int, fill: Tuple[int, int, int]) -> Image.Image:
+        """``ImageOps.expand`` (what torchvision's constant pad of a PIL image calls): a new image
+        of ``fill`` with this one pasted at (left, top); negative borders cut it."""
+        width, height = left + self.width + right, top + self.height + bottom
+        if width <= 0 or height <= 0:
+            raise _needs_pixels()  # Pillow's own error, in the worker
+        if (left, top, right, bottom) == (0, 0, 0, 0):
+            return self._same()
+        return self._sized((width, height), ("pad", tuple(float(v) for v in fill), -top, -left, height, width))
 
     def transpose(self, method: Any) -> Image.Image:
         if method == Image.Transpose.FLIP_LEFT_RIGHT:

@@ -138,13 +138,49 @@ def _blend(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return out.then("blend_kept", float(np.float32(alpha)), order)
 
 
+def _expand(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``ImageOps.expand`` of a recording image with an RGB colour (torchvision's constant pad
+    passes one): recorded as a pad (``RecordingImage.padded``)."""
+    named = dict(zip(("image", "border", "fill"), args), **kwargs)
+    image = named.get("image")
+    if not _is_recording(image):
+        return wrapped(*args, **kwargs)
+    fill = named.get("fill", 0)
+    try:
+        left, top, right, bottom = (int(v) for v in ImageOps._border(named.get("border", 0)))
+    except (AttributeError, TypeError, ValueError):
+        raise _needs_pixels() from None
+    if (image.mode != "RGB" or len(named) > 3 or not isinstance(fill, tuple) or len(fill) != 3
+            or not all(type(v) is int and 0 <= v <= 255 for v in fill)):
+        raise _needs_pixels()
+    return image.padded(left, top, right, bottom, fill)
+
+
+def _permute_channels(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """v2's permute_channels of a PIL image (RandomPhotometricDistort's channel shuffle), which goes
+    through a tensor: a call with the order as its values."""
+    named = dict(zip(("image", "permutation"), args), **kwargs)
+    image = named.get("image")
+    if not _is_recording(image):
+        return wrapped(*args, **kwargs)
+    order = named.get("permutation")
+    try:
+        order = [int(k) for k in order]
+    except (TypeError, ValueError):
+        raise _needs_pixels() from None
+    if image.mode != "RGB" or sorted(order) != [0, 1, 2] or len(named) != 2:
+        raise _needs_pixels()
+    return image.then("permute", *order)
+
+
 # (owner, attribute, wrapt wrapper): installed in a proxied loader's workers (worker/install.py)
 PILLOW_HOOKS = [(Image, "blend", _blend), (ImageOps, "equalize", _equalize), (ImageOps, "autocontrast", _autocontrast),
                 (ImageEnhance._Enhance, "enhance", _enhance),
                 (F_pil, "to_grayscale", _to_grayscale), (F_pil, "adjust_hue", _adjust_hue),
-                (F1, "gaussian_blur", _gaussian_blur(False))] + [
+                (F1, "gaussian_blur", _gaussian_blur(False)), (ImageOps, "expand", _expand)] + [
     (cls, "__init__", _enhancer_init) for cls in _ENHANCERS]
-for _functional, _hook in ((F2.adjust_hue, _adjust_hue), (F2.gaussian_blur, _gaussian_blur(True))):
+for _functional, _hook in ((F2.adjust_hue, _adjust_hue), (F2.gaussian_blur, _gaussian_blur(True)),
+                          (F2.permute_channels, _permute_channels)):
     _table = v2_pil_kernels(_functional)  # v2 dispatches PIL images to its registered kernel, not an attribute
     if _table is not None and Image.Image in _table:
         PILLOW_HOOKS.append((_table, Image.Image, _hook))

@@ -21,6 +21,7 @@ import torchvision.transforms.v2 as v2
 import torchvision.transforms.v2.functional as F2
 
 from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, _needs_pixels, _user_frame, recording
+from dali_autoproxy.plan.tv_internals import v2_pil_kernels
 
 _METADATA = {torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.ndim.__get__,
              torch.Tensor.device.__get__, torch.Tensor.size, torch.Tensor.dim, torch.Tensor.is_floating_point,
@@ -63,7 +64,7 @@ def equivalent(spec: Tuple[Any, ...]) -> Any:
 
 
 def _first(args: tuple, kwargs: dict, name: str) -> Any:
-    return args[0] if args else kwargs.get(name)
+    return args[0] if args else kwargs.get(name, kwargs.get("image"))  # a v2 kernel names it ``image``
 
 
 def _made_tensor(name: str, dtype: torch.dtype):
@@ -115,3 +116,7 @@ TENSOR_HOOKS = [(F1, "to_tensor", _made_tensor("to_tensor", torch.float32)),
                 (F2, "pil_to_tensor", _made_tensor("pil_to_tensor", torch.uint8)),
                 (F1, "normalize", _normalize("v1")), (F2, "normalize", _normalize("v2")),
                 (F1, "convert_image_dtype", _to_float("convert_image_dtype")), (F2, "to_dtype", _to_float("to_dtype"))]
+for _functional, _hook in ((F2.to_dtype, _to_float("to_dtype")), (F2.normalize, _normalize("v2"))):
+    _table = v2_pil_kernels(_functional)  # a v2 transform (ToDtype, Normalize) calls the tensor kernel it dispatches to
+    if _table is not None and torch.Tensor in _table:
+        TENSOR_HOOKS.append((_table, torch.Tensor, _hook))

@@ -26,12 +26,13 @@ from PIL import Image
 
 from dali_autoproxy.config import logger
 from dali_autoproxy.plan.ir import Unsupported
-from dali_autoproxy.plan.planning import ENDS_AS_PIL, build_head_plan, build_plan
+from dali_autoproxy.plan.planning import ENDS_AS_PIL, build_head_plan, build_plan, may_be_joint
 from dali_autoproxy.plan.translate.registry import transform_name
 from dali_autoproxy.transport import ProxySample, Unrouted
 from dali_autoproxy.tree import flatten
 from dali_autoproxy.worker.deferred import defer_convert
 from dali_autoproxy.worker.handover import HeadNode
+from dali_autoproxy.worker.joint import NOT_TAKEN, JointNode
 from dali_autoproxy.worker.proxy_node import ProxyNode
 from dali_autoproxy.worker.routing import local
 
@@ -45,6 +46,7 @@ class ChainRouter:
     def __init__(self, known_keys: Iterable[str]):
         self.known = set(known_keys)
         self.nodes: Dict[int, Tuple[Any, Optional[Any]]] = {}  # a ProxyNode, a HeadNode or None
+        self.joint: Dict[int, Tuple[Any, Optional[JointNode]]] = {}  # chains called with their targets
         self.produced: List[int] = []  # ids of chains that made ProxySamples during this fetch
         self.passed_over: Dict[str, int] = {}  # calls not taken over since the last batch, by why
         self.taken = 0  # calls that made a ProxySample since the last batch
@@ -72,8 +74,19 @@ class ChainRouter:
             entry = self.nodes[id(chain)] = (chain, node)  # holds the chain: its id stays its own
         return entry[1]
 
+    def joint_node_for(self, chain: Any) -> Optional[JointNode]:
+        """The JointNode of a chain called with an image and its targets (None: not a joint transform)."""
+        entry = self.joint.get(id(chain))
+        if entry is None or entry[0] is not chain:
+            if len(self.joint) >= MAX_CHAINS:
+                self.joint.clear()
+            entry = self.joint[id(chain)] = (chain, JointNode(chain, self.known) if may_be_joint(chain) else None)
+        return entry[1]
+
     def make_plain(self, chain_ids: Iterable[int]) -> None:
         for cid in chain_ids:
+            if cid in self.joint:
+                self.joint[cid] = (self.joint[cid][0], None)
             chain, node = self.nodes.get(cid, (None, None))
             if node is not None:
                 logger.warning("dali_autoproxy: the dataset uses the result of %s inside __getitem__; "
@@ -94,8 +107,8 @@ def _head_node(chain: Any) -> Optional[HeadNode]:
 
 
 def _joint_call(instance: Any, args: tuple, kwargs: dict) -> Optional[str]:
-    """Why a chain's call is not taken over when it is a joint one (an image with its targets:
-    several arguments, or one structure); None for a call with one image (or anything else)."""
+    """What a joint call is (an image with its targets: several arguments, or one structure), said
+    where it is not taken over; None for a call with one image (or anything else)."""
     if len(args) == 1 and not kwargs and not isinstance(args[0], (tuple, list, dict)):
         return None
     leaves = flatten((args, kwargs))[0]
@@ -103,7 +116,7 @@ def _joint_call(instance: Any, args: tuple, kwargs: dict) -> Optional[str]:
         return None
     kinds = list(dict.fromkeys(_kind(x) for x in leaves if not isinstance(x, (str, int, float))))
     called = f"{transform_name(instance)} called with {', '.join(kinds)}"
-    return f"joint image-and-target transform ({called}): not taken over yet"
+    return f"joint image-and-target transform ({called})"
 
 
 def _kind(x: Any) -> str:
@@ -119,10 +132,17 @@ def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
         return wrapped(*args, **kwargs)
     joint = _joint_call(instance, args, kwargs)
     if joint is not None or kwargs or len(args) != 1:
-        if joint is not None:
-            router.passed_over[joint] = router.passed_over.get(joint, 0) + 1
         local.depth += 1  # the chain's own calls inside are not taken either
         try:
+            if joint is not None:
+                node = router.joint_node_for(instance)
+                out = node(args, kwargs) if node is not None else NOT_TAKEN
+                if out is not NOT_TAKEN:
+                    router.produced.append(id(instance))
+                    router.taken += 1
+                    return out
+                why = node.why if node is not None else f"{joint}: not a torchvision v2 transform"
+                router.passed_over[why] = router.passed_over.get(why, 0) + 1
             return wrapped(*args, **kwargs)
         finally:
             local.depth -= 1

@@ -78,7 +78,7 @@ class Lowering:
         self.device = device  # "gpu" or "cpu"
         self.input_kind = input_kind  # "encoded" (JPEG bytes) or "raw" (HWC uint8 pixels)
         self.feeds: List[Tuple[str, int, int, object]] = []  # (name, column, width, numpy dtype)
-        self.ops, torch_ops = split_at_takeover(plan.ops)
+        self.ops, torch_ops = split_at_takeover(plan.ops, plan.any_size)
         self.torch_stage = TorchStage(torch_ops) if torch_ops else None
         # what the DALI part hands over: the plan's output, or uint8 HWC pixels for the torch stage
         channels = 3

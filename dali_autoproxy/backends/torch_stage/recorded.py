@@ -78,6 +78,12 @@ def _posterize(x: torch.Tensor, a, b, c) -> torch.Tensor:
     return (x.to(torch.int64) & masks).to(x.dtype)
 
 
+def _permute(x: torch.Tensor, a, b, c) -> torch.Tensor:
+    """Each sample's channels in its own order (v2's permute_channels: output channel k is input ``order[k]``)."""
+    order = upload(np.stack([a, b, c], axis=1).astype(np.int64), x.device).view(-1, 3, 1, 1)
+    return torch.gather(x, 1, order.expand(-1, -1, x.shape[2], x.shape[3]))
+
+
 CALLS: Dict[str, Call] = {
     "gaussian_blur": lambda x, a, b, c: pillow_blur(x, a, b, 3, True),
     "box_blur": lambda x, a, b, c: pillow_blur(x, a, b, 1, False),
@@ -98,6 +104,7 @@ CALLS: Dict[str, Call] = {
     "hue": lambda x, a, b, c: shift_hue(x, upload(np.asarray(a, dtype=np.int32), x.device)),
     "unsharp_mask": lambda x, a, b, c: _unsharp_mask(x, a, b, c),
     "tv_blur": _torchvision_blur,
+    "permute": _permute,
 }
 
 

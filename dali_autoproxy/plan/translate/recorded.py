@@ -166,6 +166,7 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
             change = (Crop(alloc(Crop), in_bounds=False, fill=(0.0,)) if token == "crop"
                       else PillowResize(alloc(PillowResize)) if token == "resize"
                       else PillowReduce(alloc(PillowReduce)) if token == "reduce"
+                      else Crop(alloc(Crop), in_bounds=False, fill=token[1]) if token[0] == "pad"
                       else Warp(alloc(Warp), fill=token[1], bilinear=token[2]) if token[0] == "warp"
                       else Perspective(alloc(Perspective), fill=token[1], bilinear=token[2]))
             changes.append(change)
@@ -214,8 +215,8 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
             if r < len(changes):
                 op, m = changes[r], match[r]
                 change = sample_changes[m] if m is not None else None
-                if type(op) is Crop:
-                    top, left, h, w = change[1:] if change is not None else (0, 0, height, width)
+                if type(op) is Crop:  # a crop ("crop", top, ...) or a pad ("pad", fill, top, ...)
+                    top, left, h, w = change[-4:] if change is not None else (0, 0, height, width)
                     g.put(op, top=top, left=left, height=h, width=w)
                 elif type(op) is PillowReduce:  # not made: factors 1, 1
                     fy, fx = change[3:5] if change is not None else (1, 1)

@@ -1,0 +1,182 @@
+"""Joint image-and-target transforms, in a proxied loader's workers.
+
+Detection and segmentation transforms take the image with its targets: a v2 transform called
+with ``(image, target)`` or any structure holding one image and ``tv_tensors`` (BoundingBoxes,
+Mask, KeyPoints) and plain labels. Such a call is taken over for its image: the transform runs
+for real, here, with a recording image of the image's size in the image's place
+(``plan/recording.py``) and the sample's own targets. torchvision therefore draws every parameter
+as it always does (``make_params`` on the flattened sample, the same RNG calls in the same order)
+and transforms the targets with its own kernels (boxes, masks, keypoints, ``SanitizeBoundingBoxes``,
+``ConvertBoundingBoxFormat``): the targets it returns are plain's, bit for bit. The image's Pillow
+calls (flips, crops, pads, resizes, photometric adjustments, the channel shuffle) and its
+conversion to a tensor are recorded, and the image goes to DALI, still encoded, with those calls
+as its ops: the whole joint call is one recorded step (:class:`JointCall`) of a one-step plan.
+
+A call that is not taken (no RGB PIL image in it, several, a transform that needs the pixels) runs
+as written, and the report says why. The targets a call is given are never the ones a failed
+attempt touched: each attempt gets copies, so the call as written sees what the dataset passed.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+import torch
+from PIL import Image
+
+from dali_autoproxy.config import logger
+from dali_autoproxy.plan.ir import Unsupported
+from dali_autoproxy.plan.planning import Plan, build_joint_plan
+from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage
+from dali_autoproxy.plan.recording_tensor import RecordingTensor
+from dali_autoproxy.plan.translate.registry import transform_name
+from dali_autoproxy.transport import ENCODED, RAW, WHY_RECORDING, ProxySample
+from dali_autoproxy.tree import flatten, unflatten
+from dali_autoproxy.worker.collate import rng_states, set_rng_states
+from dali_autoproxy.worker.deferred import encoded_jpeg
+from dali_autoproxy.worker.proxy_node import MAX_REPLANS, _learn, _why_decoded_here
+
+NOT_TAKEN = object()  # what a JointNode returns for a call it leaves to the transform as written
+
+
+class TransformRaised(BaseException):
+    """The joint transform raised on the recording image and the sample's real targets (a bad
+    target, say): the call runs as written, which raises plain's own exception. A BaseException,
+    so that the recorded step's drawer does not take it for a need of pixels."""
+
+
+class JointCall:
+    """A joint transform seen by planning as a transform of one image: called with a recording
+    image, it calls the transform with the sample's arguments, that image in the image's place,
+    and keeps what the transform returned (``output``). Each joint chain gets a subclass of its own,
+    so what planning learns of one (it needs pixels, it makes more calls) is learnt of it alone."""
+
+    def __init__(self, transform: Any):
+        self.transform = transform
+        self.leaves: List[Any] = []
+        self.spec: Any = None
+        self.at = 0
+        self.output: Optional[Tuple[List[Any], Any, int]] = None
+
+    def given(self, leaves: List[Any], spec: Any, at: int) -> None:
+        self.leaves, self.spec, self.at, self.output = leaves, spec, at, None
+
+    def __call__(self, img: Any) -> Any:
+        leaves = _copies(self.leaves)
+        leaves[self.at] = img
+        args, kwargs = unflatten(self.spec, leaves)
+        try:
+            out = self.transform(*args, **kwargs)
+        except NeedsPixels:
+            raise
+        except Exception as exc:
+            raise TransformRaised(exc) from None
+        out_leaves, out_spec = flatten(out)
+        found = [i for i, x in enumerate(out_leaves) if type(x) in (RecordingImage, RecordingTensor)]
+        if len(found) != 1:
+            raise NeedsPixels(f"the joint transform returned its image {len(found)} times")
+        self.output = (out_leaves, out_spec, found[0])
+        return out_leaves[found[0]]
+
+
+def _copies(leaves: List[Any]) -> List[Any]:
+    """The leaves a transform may change in place (the references' v1 classes write boxes and
+    dicts in place), copied: tensors cloned (a tv_tensor keeps its type and metadata), arrays
+    copied; the containers are rebuilt by ``unflatten``."""
+    out = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            x = x.clone()
+        elif isinstance(x, np.ndarray):
+            x = x.copy()
+        out.append(x)
+    return out
+
+
+def _the_image(leaves: List[Any]) -> Tuple[Optional[int], Optional[str]]:
+    """Where the call's one RGB PIL image is, or why there is none to take."""
+    rgb = [i for i, x in enumerate(leaves) if isinstance(x, Image.Image) and x.mode == "RGB"
+           and type(x) is not RecordingImage]
+    if len(rgb) == 1:
+        return rgb[0], None
+    if not rgb:
+        kinds = sorted({type(x).__name__ for x in leaves if isinstance(x, (Image.Image, torch.Tensor))})
+        return None, f"no RGB PIL image in the call ({', '.join(kinds) or 'no image'})"
+    return None, f"{len(rgb)} RGB PIL images in one call"
+
+
+class JointNode:
+    """What a joint transform's call does in a worker: the targets transformed here by torchvision,
+    the image handed to DALI with its recorded calls; or the call as written, with ``why``."""
+
+    def __init__(self, chain: Any, announce_known: set):
+        self.chain = chain
+        own = type(f"{type(chain).__name__} with its targets", (JointCall,), {"__module__": type(chain).__module__})
+        self.call = own(chain)
+        self.known = announce_known
+        self.why: Optional[str] = None  # why the last call was not taken
+        self.plan: Optional[Plan] = None
+        self.plain_reason: Optional[str] = None
+        self._planned = False
+
+    @property
+    def name(self) -> str:
+        return f"joint image-and-target transform {transform_name(self.chain)}"
+
+    def _make_plan(self) -> None:
+        self._planned = True
+        try:
+            plan = build_joint_plan(self.call)
+        except Unsupported as exc:
+            self.plan, self.plain_reason = None, f"{self.name}: {exc}"
+            return
+        self.plan = plan
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        leaves, spec = flatten((args, kwargs))
+        at, why = _the_image(leaves)
+        if at is None:
+            self.why = f"{self.name}: {why}"
+            return NOT_TAKEN
+        img = leaves[at]
+        enc = encoded_jpeg(img)
+        for _ in range(MAX_REPLANS):
+            if not self._planned:
+                self._make_plan()
+            if self.plan is None:
+                self.why = self.plain_reason
+                return NOT_TAKEN
+            states = rng_states()
+            self.call.given(leaves, spec, at)
+            try:
+                if enc is not None:
+                    data, (width, height), path = enc
+                    params, shape = self.plan.draw_sample(height, width)
+                    payload, kind, why = np.frombuffer(data, dtype=np.uint8), ENCODED, None
+                else:
+                    payload = np.asarray(img)  # Pillow decodes here; DALI still runs the ops
+                    params, shape = self.plan.draw_sample(*payload.shape[:2])
+                    kind, why, path, data = RAW, _why_decoded_here(img), None, None
+            except TransformRaised:  # a real error of the transform: plain raises it
+                set_rng_states(states)
+                self.why = f"{self.name} raised on this sample: it ran as written"
+                return NOT_TAKEN
+            except NeedsPixels as exc:  # learn, plan again, draw again from the same states
+                set_rng_states(states)
+                _learn(exc)
+                self._planned = False
+                continue
+            plan = self.plan
+            announce = plan if plan.key not in self.known else None
+            out_leaves, out_spec, pos = self.call.output
+            out_leaves = list(out_leaves)
+            out_leaves[pos] = ProxySample(plan.key, kind, payload, params, path, plan=announce, shape=shape,
+                                          dtype=torch.uint8 if plan.state.dtype == "uint8" else torch.float32,
+                                          why=why, source=id(data) if data is not None else None)
+            self.call.output = None
+            return unflatten(out_spec, out_leaves)
+        self.plan, self.plain_reason = None, f"{WHY_RECORDING} ({self.name})"
+        logger.info("dali_autoproxy: %s is planned anew on every sample; it runs in the worker", self.name)
+        self.why = self.plain_reason
+        return NOT_TAKEN
+
