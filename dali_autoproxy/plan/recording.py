@@ -145,6 +145,7 @@ def _resize_box(box: Any, size: Tuple[int, int]) -> Optional[Tuple[float, float,
 class RecordingImage(Image.Image):
     """A PIL image of known size and mode whose pixels are not here: each recorded call returns
     a new one with the call appended to ``calls``; anything else needs the pixels."""
+    stands_in_for = Image.Image  # what torchvision's exact-type lookups (v2's fills) see
 
     def __init__(self, size: Tuple[int, int], mode: str, calls: Tuple[Call, ...] = ()):
         super().__init__()

@@ -7,6 +7,7 @@ workers through the patch ledger (worker/install.py)."""
 from __future__ import annotations
 
 import numbers
+import sys
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -173,12 +174,24 @@ def _permute_channels(wrapped: Any, instance: Any, args: tuple, kwargs: dict) ->
     return image.then("permute", *order)
 
 
+def _fill_for(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """v2's ``_get_fill(fill_dict, type(inpt))`` looks the input's exact type up: a stand-in (a
+    recording image, a deferred JPEG) gets the fill of the type it stands in for."""
+    if len(args) == 2 and not kwargs:
+        return wrapped(args[0], getattr(args[1], "stands_in_for", args[1]))
+    return wrapped(*args, **kwargs)
+
+
 # (owner, attribute, wrapt wrapper): installed in a proxied loader's workers (worker/install.py)
 PILLOW_HOOKS = [(Image, "blend", _blend), (ImageOps, "equalize", _equalize), (ImageOps, "autocontrast", _autocontrast),
                 (ImageEnhance._Enhance, "enhance", _enhance),
                 (F_pil, "to_grayscale", _to_grayscale), (F_pil, "adjust_hue", _adjust_hue),
                 (F1, "gaussian_blur", _gaussian_blur(False)), (ImageOps, "expand", _expand)] + [
     (cls, "__init__", _enhancer_init) for cls in _ENHANCERS]
+for _module in ("_geometry", "_auto_augment"):  # the v2 modules that resolve a fill per input type
+    _owner = sys.modules.get(f"torchvision.transforms.v2.{_module}")
+    if _owner is not None and hasattr(_owner, "_get_fill"):
+        PILLOW_HOOKS.append((_owner, "_get_fill", _fill_for))
 for _functional, _hook in ((F2.adjust_hue, _adjust_hue), (F2.gaussian_blur, _gaussian_blur(True)),
                           (F2.permute_channels, _permute_channels)):
     _table = v2_pil_kernels(_functional)  # v2 dispatches PIL images to its registered kernel, not an attribute

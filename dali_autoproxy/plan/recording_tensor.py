@@ -31,6 +31,7 @@ _METADATA = {torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tenso
 class RecordingTensor(torch.Tensor):
     """The tensor a recorded class made of its recording image: shape and dtype, no values."""
     calls: Tuple[Any, ...] = ()
+    stands_in_for = torch.Tensor  # what torchvision's exact-type lookups (v2's fills) see
 
     @staticmethod
     def of(shape: Tuple[int, ...], dtype: torch.dtype, calls: Tuple[Any, ...]) -> "RecordingTensor":

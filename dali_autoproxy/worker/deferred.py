@@ -96,6 +96,7 @@ def dali_decodable(data: bytes) -> Optional[Tuple[str, int, int]]:
 class LazyPixels(Image.Image):
     """A PIL image whose pixels are made on first need: Pillow's methods reach them through
     ``load()`` or ``im``, and both call ``_make_pixels()`` first (which sets ``_im``)."""
+    stands_in_for = Image.Image  # what torchvision's exact-type lookups (v2's fills) see: plain's type
 
     def _make_pixels(self) -> None:
         raise NotImplementedError

@@ -127,8 +127,8 @@ class JointNode:
         self._planned = True
         try:
             plan = build_joint_plan(self.call)
-        except Unsupported as exc:
-            self.plan, self.plain_reason = None, f"{self.name}: {exc}"
+        except Unsupported as exc:  # it needs pixels: what it needed, without the "no translation" before it
+            self.plan, self.plain_reason = None, f"{self.name}: {str(exc).split('; recorded, ', 1)[-1]}"
             return
         self.plan = plan
 

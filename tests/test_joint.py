@@ -1,0 +1,193 @@
+"""Joint image-and-target transforms (detection, segmentation) taken over for their image: real
+COCO- and VOC-format sets made from photographs, torchvision's own datasets and its v2 wrapper,
+real worker processes; targets bit-equal to plain's, images equal on every pixel."""
+import os
+import sys
+from collections import defaultdict
+
+import pytest
+import torch
+import torchvision.transforms.v2 as v2
+from coco import make_coco, make_voc
+from helpers import last_report, load_all
+from torchvision import tv_tensors
+from torchvision.datasets import CocoDetection, VOCSegmentation, wrap_dataset_for_transforms_v2
+
+import dali_autoproxy
+
+MEAN = (123.0, 117.0, 104.0)
+DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+def detection_preset(augmentation: str) -> v2.Compose:
+    """torchvision's detection references' v2 presets (PIL backend), at sizes for small images."""
+    head = {
+        "hflip": [v2.RandomHorizontalFlip(p=0.5)],
+        "lsj": [v2.ScaleJitter(target_size=(256, 256), antialias=True), v2.RandomCrop(256, pad_if_needed=True,
+                                                                                        fill=MEAN[0]),
+                v2.RandomHorizontalFlip(p=0.5)],
+        "multiscale": [v2.RandomShortestSize(min_size=(160, 192, 224), max_size=400), v2.RandomHorizontalFlip(p=0.5)],
+        "ssd": [v2.RandomPhotometricDistort(), v2.RandomZoomOut(fill=defaultdict(lambda: MEAN, {tv_tensors.Mask: 0})),
+                v2.RandomIoUCrop(), v2.RandomHorizontalFlip(p=0.5)],
+        "ssdlite": [v2.RandomIoUCrop(), v2.RandomHorizontalFlip(p=0.5)],
+    }[augmentation]
+    return v2.Compose(head + [v2.ToImage(), v2.ToDtype(torch.float, scale=True),
+                              v2.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY),
+                              v2.SanitizeBoundingBoxes(), v2.ToPureTensor()])
+
+
+class Preset:
+    """As the references wrap their chain: ``__call__(img, target)``."""
+
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+    def __call__(self, img, target):
+        return self.transforms(img, target)
+
+
+def collate_fn(batch):
+    return tuple(zip(*batch))  # the detection references' utils.collate_fn
+
+
+@pytest.fixture(scope="module")
+def coco_root(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("coco"))
+    return root, make_coco(root, n=12)
+
+
+def coco_dataset(coco_root, transforms, keys=("boxes", "labels", "image_id", "masks")):
+    root, annotations = coco_root
+    ds = CocoDetection(os.path.join(root, "images"), annotations, transforms=transforms)
+    return wrap_dataset_for_transforms_v2(ds, target_keys=list(keys))
+
+
+def assert_same_detection(ref, out):
+    assert len(ref) == len(out)
+    for (images_a, targets_a), (images_b, targets_b) in zip(ref, out):
+        for a, b in zip(images_a, images_b):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            assert torch.equal(a, b.cpu()), float((a - b.cpu()).abs().max()) * 255
+        for a, b in zip(targets_a, targets_b):
+            assert a.keys() == b.keys()
+            for k in a:
+                x, y = a[k], b[k]
+                assert type(x) is type(y), k
+                assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, k
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("augmentation", ["hflip", "lsj", "multiscale", "ssd", "ssdlite"])
+def test_detection_presets_go_to_dali_with_plains_targets(coco_root, augmentation, device):
+    """Each preset: every image decoded on DALI, each with its own size, its boxes, labels, masks and
+    image id what plain torchvision makes for the same seed, its pixels plain's on every pixel."""
+    ds = coco_dataset(coco_root, Preset(detection_preset(augmentation)))
+    kw = dict(collate_fn=collate_fn, batch_size=4, shuffle=True, seed=5)
+    ref = load_all(ds, autoproxy=False, **kw)
+    out = load_all(ds, autoproxy=True, device=device, **kw)
+    assert_same_detection(ref, out)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%" and rep["worker_transforms"] == [], rep
+    assert rep["dali_transforms"][1:] == ["v2.Compose with its targets"], rep
+    if augmentation != "lsj":
+        assert len({tuple(x.shape) for images, _ in out for x in images}) > 1  # sizes of their own
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_segmentation_preset_goes_to_dali_with_plains_masks(tmp_path, device):
+    """The segmentation references' v2 preset on a VOC-format set: random resize, flip, a padded
+    random crop (masks padded with 255), normalised images; masks bit-equal, images equal."""
+    preset = v2.Compose([v2.RandomResize(min_size=96, max_size=320), v2.RandomHorizontalFlip(0.5),
+                         v2.RandomCrop(160, pad_if_needed=True, fill={tv_tensors.Mask: 255, "others": 0}),
+                         v2.PILToTensor(), v2.ToDtype(torch.float, scale=True),
+                         v2.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)), v2.ToPureTensor()])
+    ds = wrap_dataset_for_transforms_v2(VOCSegmentation(make_voc(str(tmp_path)), image_set="train", transforms=preset))
+    ref = load_all(ds, autoproxy=False, batch_size=4, seed=2)
+    out = load_all(ds, autoproxy=True, device=device, batch_size=4, seed=2)
+    assert len(ref) == len(out) == 2
+    for (xa, ma), (xb, mb) in zip(ref, out):
+        assert torch.equal(ma, mb) and xa.shape == xb.shape
+        assert float((xa - xb.cpu()).abs().max()) < 1e-5  # Normalize's float32 maths, on another device
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+
+
+def test_an_image_without_objects_raises_plains_error(tmp_path):
+    """v2's wrapper gives an image without objects no labels: SanitizeBoundingBoxes raises; the
+    proxied loader raises the same error (from the worker's run of the chain as written)."""
+    root = str(tmp_path)
+    ds = coco_dataset((root, make_coco(root, n=4, empty=True)), Preset(detection_preset("hflip")))
+    errors = []
+    for proxied in (False, True):
+        with pytest.raises(ValueError) as info:
+            load_all(ds, autoproxy=proxied, collate_fn=collate_fn, batch_size=2, device="cpu")
+        errors.append(str(info.value).splitlines()[-1])
+    assert errors[0] == errors[1] and "labels" in errors[0]
+
+
+class WrongSizedMask(torch.utils.data.Dataset):
+    def __init__(self, root, transforms):
+        self.files = sorted(os.path.join(root, "images", f) for f in os.listdir(os.path.join(root, "images")))
+        self.transforms = transforms
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        img = Image.open(self.files[i]).convert("RGB")
+        mask = tv_tensors.Mask(torch.zeros(img.height + 1, img.width, dtype=torch.uint8))
+        return self.transforms(img, {"masks": mask})
+
+
+def test_a_mask_of_the_wrong_size_raises_plains_error(coco_root):
+    ds = WrongSizedMask(coco_root[0], v2.Compose([v2.RandomResizedCrop(64), v2.PILToTensor()]))
+    errors = []
+    for proxied in (False, True):
+        with pytest.raises(ValueError) as info:
+            load_all(ds, autoproxy=proxied, collate_fn=collate_fn, batch_size=2, device="cpu")
+        errors.append(str(info.value).splitlines()[-1])
+    assert errors[0] == errors[1], errors
+
+
+def test_a_joint_chain_that_needs_pixels_runs_as_written_and_says_why(coco_root):
+    """The tensor backend flips a tensor, which a recording cannot: the chain runs in the worker
+    (plain's results) and the report says which joint transform and why; nothing is shown as proxied."""
+    chain = v2.Compose([v2.PILToTensor(), v2.RandomHorizontalFlip(p=1.0), v2.ToDtype(torch.float, scale=True),
+                        v2.SanitizeBoundingBoxes(), v2.ToPureTensor()])
+    ds = coco_dataset(coco_root, Preset(chain))
+    ref = load_all(ds, autoproxy=False, collate_fn=collate_fn, batch_size=4, seed=1)
+    out = load_all(ds, autoproxy=True, collate_fn=collate_fn, batch_size=4, seed=1, device="cpu")
+    assert_same_detection(ref, out)
+    rep = last_report()
+    assert not rep["proxied"] and rep["dali_transforms"] == [], rep
+    assert rep["reason"].startswith("no sample reached DALI: joint image-and-target transform v2.Compose: "
+                                    "needs pixels (tensor flip) at "), rep
+
+
+def test_the_detection_references_presets_unchanged(coco_root):
+    """torchvision's own ``references/detection/presets.py`` (set TORCHVISION_REFERENCES to a
+    checkout's ``references`` folder), every v2 augmentation with the PIL backend, as its
+    ``train.py --use-v2`` builds it: proxied, decode on DALI, equal to plain."""
+    where = os.environ.get("TORCHVISION_REFERENCES")
+    if not where:
+        pytest.skip("set TORCHVISION_REFERENCES to the references folder of a pytorch/vision checkout")
+    sys.path.insert(0, os.path.join(where, "detection"))
+    try:
+        import presets
+        for augmentation in ("hflip", "multiscale", "ssd", "ssdlite"):
+            train = presets.DetectionPresetTrain(data_augmentation=augmentation, backend="pil", use_v2=True)
+            ds = coco_dataset(coco_root, train)
+            ref = load_all(ds, autoproxy=False, collate_fn=collate_fn, batch_size=4, seed=9)
+            out = load_all(ds, autoproxy=True, collate_fn=collate_fn, batch_size=4, seed=9, device="cpu")
+            assert_same_detection(ref, out)
+            rep = last_report()
+            assert rep["proxied"] and rep["decode"] == "DALI 100%", (augmentation, rep)
+    finally:
+        sys.path.remove(os.path.join(where, "detection"))
+        sys.modules.pop("presets", None)
+        sys.modules.pop("transforms", None)
+    dali_autoproxy.disable()
+
+
+
