@@ -186,6 +186,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "detection_h200.json"))
     args = ap.parse_args(argv)
+    # every sample's targets are small tensors: file descriptors would run out (both modes alike)
+    torch.multiprocessing.set_sharing_strategy("file_system")
     make_set(args.data, args.images)
     rows = []
     for _ in range(args.repeat):
