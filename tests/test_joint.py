@@ -208,3 +208,31 @@ def test_the_detection_references_presets_unchanged(coco_root):
 
 
 
+
+
+def test_the_stage_takes_samples_of_their_own_sizes_as_one_padded_batch():
+    """A joint plan's calls on samples of different sizes, padded into one batch: per-pixel calls on
+    all at once, a contrast (a mean) on each sample's own region, flips within each sample: equal
+    to each sample computed alone."""
+    import numpy as np
+    from photos import photographs
+
+    from dali_autoproxy.backends.torch_stage import TorchStage
+    from dali_autoproxy.plan.ir import Flip
+    from dali_autoproxy.plan.pillow_ops import CALL_CODE, RaggedPillowCall
+    photo = photographs()[1]
+    samples = [torch.from_numpy(np.ascontiguousarray(photo[:h, :w])) for h, w in ((40, 64), (57, 33), (21, 90))]
+    ops = [RaggedPillowCall(0), RaggedPillowCall(4), Flip(8), Flip(9, vertical=True)]
+    rows = np.array([[CALL_CODE["contrast"], 0.6, 0, 0, CALL_CODE["hue"], 12, 0, 0, 1, 0],
+                     [CALL_CODE["brightness"], 1.3, 0, 0, CALL_CODE["permute"], 2, 0, 1, 0, 1],
+                     [CALL_CODE["contrast"], 1.7, 0, 0, CALL_CODE["color"], 0.2, 0, 0, 1, 1]], dtype=np.float64)
+    together = TorchStage(ops)(samples, rows)
+    for k, s in enumerate(samples):
+        alone = TorchStage(ops)(s.unsqueeze(0), rows[k:k + 1])[0]
+        assert torch.equal(together[k], alone), k
+
+
+def test_joint_shapes_merge_into_one_supersequence():
+    from dali_autoproxy.plan.translate.recorded import _supersequence
+    assert _supersequence(("pad", "crop", "hflip"), ("crop", "vflip")) == ("pad", "crop", "hflip", "vflip")
+    assert _supersequence((), ("resize",)) == ("resize",)

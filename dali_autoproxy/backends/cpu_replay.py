@@ -44,7 +44,14 @@ from dali_autoproxy.plan.ir import (
     jitter_order,
 )
 from dali_autoproxy.plan.kernel_table import KernelTable
-from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS, PILLOW_CALLS, PillowBlur, PillowCall, blur_window_of
+from dali_autoproxy.plan.pillow_ops import (
+    BUILTIN_KERNELS,
+    PILLOW_CALLS,
+    PillowBlur,
+    PillowCall,
+    RaggedPillowCall,
+    blur_window_of,
+)
 from dali_autoproxy.plan.planning import Plan
 from dali_autoproxy.plan.tv_internals import tensor_policy_operation
 
@@ -290,7 +297,7 @@ class _Kept(threading.local):
 _kept = _Kept()
 
 
-@CPU_KERNELS.register(PillowCall)
+@CPU_KERNELS.register(PillowCall, RaggedPillowCall)
 def _pillow_call(img, op: PillowCall, row, v2_step):  # what a recorded transform asked of Pillow
     call = PILLOW_CALLS[int(op.value(row, "call"))]
     if call == "none":

@@ -143,8 +143,9 @@ class PillowReduce(Op):
 
 @dataclass(frozen=True)
 class Flip(Op):
-    """Horizontal (or vertical) flip when ``apply`` is 1."""
+    """Horizontal (or vertical) flip when ``apply`` is 1 (each sample within its own size)."""
     placement: ClassVar[Placement] = Placement.EITHER
+    ragged: ClassVar[bool] = True
     params: ClassVar[Tuple[str, ...]] = ("apply",)
     neutral: ClassVar[Optional[Tuple[float, ...]]] = (0,)
     slot: int
@@ -323,6 +324,7 @@ class ToFloat(Op):
     """uint8 -> float32, multiplied by ``scale`` (1/255 for ToTensor-like conversions);
     ``divide``: computed as x / (1/scale), as v1's ToTensor does (v2's ToDtype multiplies)."""
     placement: ClassVar[Placement] = Placement.EITHER
+    ragged: ClassVar[bool] = True  # per value: a padded batch's padding changes nothing
     scale: float
     divide: bool = False
 
@@ -330,6 +332,7 @@ class ToFloat(Op):
 @dataclass(frozen=True)
 class Normalize(Op):
     placement: ClassVar[Placement] = Placement.EITHER
+    ragged: ClassVar[bool] = True
     mean: Tuple[float, ...]
     std: Tuple[float, ...]
 
@@ -350,6 +353,7 @@ def compose_affine(ops: Sequence[Op], channels: int) -> Tuple[np.ndarray, np.nda
 class ToCHW(Op):
     """Marks the PIL -> tensor layout change; the builder emits CHW once, at the end."""
     placement: ClassVar[Placement] = Placement.EITHER
+    ragged: ClassVar[bool] = True
 
 
 ALL_OPS: Tuple[type, ...] = tuple(_OPS)  # the built-in ops

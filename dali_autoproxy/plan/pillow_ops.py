@@ -82,3 +82,11 @@ class PillowCall(Op):
     params: ClassVar[Tuple[str, ...]] = ("call", "a", "b", "c")
     neutral: ClassVar[Optional[Tuple[float, ...]]] = (0, 0.0, 0.0, 0.0)
     slot: int
+
+
+@dataclass(frozen=True)
+class RaggedPillowCall(PillowCall):
+    """A PillowCall of a plan whose samples keep sizes of their own (a joint transform's): its
+    kernel takes the padded batch, computing the per-pixel calls on all samples at once and each
+    other call (a mean, a histogram, a neighbourhood) on each sample's own region."""
+    ragged: ClassVar[bool] = True

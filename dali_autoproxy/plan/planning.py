@@ -49,7 +49,7 @@ class Plan:
     @functools.cached_property
     def records(self) -> bool:
         """Whether a step is recorded (its drawer calls a transform that may need pixels)."""
-        return any(type(op) is PillowCall for op in self.ops)
+        return any(isinstance(op, PillowCall) for op in self.ops)
 
     def signature(self) -> str:
         """Everything a back end uses: ops, the transforms they came from, the worker split."""
@@ -207,7 +207,8 @@ ENDS_AS_PIL = "the chain ends in a PIL image, which default_collate cannot batch
 
 def _translate(transforms: List[Any], exact_resize: bool = True, ends_as_pil: bool = False,
                any_size: bool = False) -> Plan:
-    state = ChainState(fidelity=SETTINGS["fidelity"], exact_resize=exact_resize and SETTINGS["resize"] == "pillow")
+    state = ChainState(fidelity=SETTINGS["fidelity"], exact_resize=exact_resize and SETTINGS["resize"] == "pillow",
+                       any_size=any_size)
     counter = [0]
 
     def alloc(op_type: type) -> int:

@@ -18,6 +18,7 @@ class ChainState:
     fixed_size: Optional[Tuple[int, int]] = None  # output size when it is the same for all
     fidelity: str = "exact"  # "fast": approximate DALI operators where they are much faster (ColorJitter)
     exact_resize: bool = True  # False: DALI's resize for PIL images too (planning's second try)
+    any_size: bool = False   # a joint transform's plan: recorded flips are Flip ops, its calls take any size
 
 
 class SampleGeometry:

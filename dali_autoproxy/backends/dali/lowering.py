@@ -143,8 +143,9 @@ class Lowering:
         for op in body:
             img = DALI_KERNELS[op](self, op, img)
         stage = self.torch_stage
-        if stage is not None and stage.ops[0].ragged:
+        if stage is not None and stage.ops[0].ragged and not self.plan.any_size:
             # the stage's first op takes each sample at its own size: one batch, padded to the largest
+            # (a joint transform's plan hands over its samples as they are: the stage pads them, knowing their sizes)
             if tail:
                 img = self._lower_tail(tail, img)
             return fn.pad(img, axis_names="HW", fill_value=0)

@@ -41,6 +41,15 @@ for _module in pkgutil.iter_modules(__path__):
 TAKES_UINT8 = (PillowResize,)  # kernels that read DALI's uint8 batch as it is (no float32 copy first)
 
 
+def _padded(samples: List[torch.Tensor]):
+    """Samples [H, W, C] of their own sizes as one zero-padded [B, Hmax, Wmax, C] batch, and their sizes."""
+    sizes = np.array([s.shape[:2] for s in samples], dtype=np.int64)
+    out = samples[0].new_zeros((len(samples), int(sizes[:, 0].max()), int(sizes[:, 1].max()), samples[0].shape[2]))
+    for k, s in enumerate(samples):
+        out[k, :s.shape[0], :s.shape[1]] = s
+    return out, sizes
+
+
 class TorchStage:
     """Runs ``ops`` on a batch DALI produced: uint8 [B, H, W, C] (or a list of [H, W, C]). A batch
     whose samples differ in size (after an exact resize to each image's own size) stays one
@@ -52,10 +61,14 @@ class TorchStage:
         self.kernels = [TORCH_KERNELS[op] for op in self.ops]
 
     def __call__(self, out: Union[torch.Tensor, List[torch.Tensor]], params) -> Union[torch.Tensor, List[torch.Tensor]]:
-        if isinstance(out, list):  # sizes differ: one sample at a time
-            return [self(o.unsqueeze(0), params[k:k + 1]).squeeze(0) for k, o in enumerate(out)]
         host = np.asarray(params)
+        sizes = None
+        if isinstance(out, list):  # sizes differ
+            if not (self.ops and self.ops[0].ragged):  # one sample at a time
+                return [self(o.unsqueeze(0), params[k:k + 1]).squeeze(0) for k, o in enumerate(out)]
+            out, sizes = _padded(out)  # one batch, each sample in its top-left corner
         batch = Batch(host, upload(host, out.device))
+        batch.sizes = sizes
         x = out.permute(0, 3, 1, 2)  # whole numbers 0..255 until a ToFloat
         if not (self.ops and type(self.ops[0]) in TAKES_UINT8):
             x = x.to(torch.float32)

@@ -8,7 +8,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from dali_autoproxy.backends.torch_stage.registry import Batch, constant, kernel, update_rows, upload, valid_sizes
+from dali_autoproxy.backends.torch_stage.registry import (
+    Batch,
+    constant,
+    kernel,
+    uniform,
+    update_rows,
+    upload,
+    valid_sizes,
+)
 from dali_autoproxy.plan.ir import PERSPECTIVE_IDENTITY, Flip, Perspective, Warp
 
 
@@ -176,4 +184,19 @@ def _sizes(x: torch.Tensor, op, batch: Batch):
 
 @kernel(Flip)
 def _flip(x: torch.Tensor, op: Flip, batch: Batch) -> torch.Tensor:
-    return torch.where(batch.flag(op.col("apply")), x.flip(2 if op.vertical else 3), x)
+    if uniform(batch.sizes):
+        return torch.where(batch.flag(op.col("apply")), x.flip(2 if op.vertical else 3), x)
+    return flip_within(x, batch.host[:, op.col("apply")] > 0, batch.sizes, op.vertical)
+
+
+def flip_within(x: torch.Tensor, flipped: np.ndarray, sizes: np.ndarray, vertical: bool) -> torch.Tensor:
+    """The flagged samples of a padded batch flipped within their own height or width (the
+    padding stays where it is): one gather, the index ``size - 1 - i`` inside each sample."""
+    axis = 2 if vertical else 3
+    n = x.shape[axis]
+    extent = sizes[:, 0 if vertical else 1].astype(np.int64)
+    index = np.tile(np.arange(n, dtype=np.int64), (x.shape[0], 1))
+    inside = index < extent[:, None]
+    index = np.where(flipped[:, None] & inside, extent[:, None] - 1 - index, index)
+    shape = (x.shape[0], 1, 1, n) if not vertical else (x.shape[0], 1, n, 1)
+    return torch.gather(x, axis, upload(index, x.device).view(shape).expand_as(x))

@@ -14,8 +14,8 @@ from PIL import ImageFilter
 from dali_autoproxy.backends.torch_stage.color import autocontrast, blend, blend_step, equalize, luma, shift_hue
 from dali_autoproxy.backends.torch_stage.filters import gaussian_blur, pillow_kernel, smooth
 from dali_autoproxy.backends.torch_stage.pillow_filters import pillow_blur
-from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
-from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS, PILLOW_CALLS, PillowCall, blur_window_of
+from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, uniform, update_rows, upload
+from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS, PILLOW_CALLS, PillowCall, RaggedPillowCall, blur_window_of
 
 Call = Callable[..., torch.Tensor]  # (samples, a, b, c) -> samples, a b c the calls' values
 
@@ -108,14 +108,34 @@ CALLS: Dict[str, Call] = {
 }
 
 
-@kernel(PillowCall)
+# calls computed pixel by pixel: on a padded batch (samples of their own sizes) the padding changes nothing
+PER_PIXEL = frozenset(("brightness", "color", "hue", "permute", "invert", "solarize", "posterize", "grayscale",
+                       "keep", "blend_kept"))
+
+
+def _each_in_its_region(x: torch.Tensor, rows: np.ndarray, sizes: np.ndarray, run: Call, a, b, c) -> torch.Tensor:
+    """A call that reads more than its pixel (a mean, a histogram, a neighbourhood, a flip) on
+    each sample of a padded batch, over that sample's own region alone."""
+    x = x.contiguous()
+    for i in rows:
+        h, w = (int(v) for v in sizes[i])
+        region = x[i:i + 1, :, :h, :w].contiguous()
+        x[i:i + 1, :, :h, :w] = run(region, a[[i]], b[[i]], c[[i]]).to(x.dtype)
+    return x
+
+
+@kernel(PillowCall, RaggedPillowCall)
 def _pillow_call(x: torch.Tensor, op: PillowCall, batch: Batch) -> torch.Tensor:
     host = batch.host
     codes = host[:, op.col("call")].astype(np.int64)
     a, b, c = host[:, op.col("a")], host[:, op.col("b")], host[:, op.col("c")]
+    ragged = not uniform(batch.sizes)  # only a RaggedPillowCall is given a padded batch
     for code in np.unique(codes[codes > 0]):
         rows = np.flatnonzero(codes == code)
         name = PILLOW_CALLS[code]
+        if ragged and name not in PER_PIXEL:
+            x = _each_in_its_region(x, rows, batch.sizes, CALLS[name], a, b, c)
+            continue
         if name == "keep":  # a branch point of Image.blend: these samples' images, kept as they are
             if batch.kept is None or batch.kept.shape != x.shape:
                 batch.kept = torch.zeros_like(x)

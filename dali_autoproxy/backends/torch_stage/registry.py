@@ -90,6 +90,11 @@ class _Staging(threading.local):
 _STAGING = _Staging()
 
 
+def uniform(sizes: Optional[np.ndarray]) -> bool:
+    """Whether every sample of the batch has the same (height, width)."""
+    return sizes is None or bool((sizes == sizes[0]).all())
+
+
 def valid_sizes(x: torch.Tensor, batch: Batch) -> np.ndarray:
     """Each sample's (height, width) in a batch that may be padded (``Batch.sizes``), int64 [B, 2]."""
     if batch.sizes is not None:

@@ -33,7 +33,7 @@ import torch
 
 from dali_autoproxy.backends.torch_stage import pillow_weights
 from dali_autoproxy.backends.torch_stage.kept_tables import kept_tables
-from dali_autoproxy.backends.torch_stage.registry import Batch, constant, kernel, upload, valid_sizes
+from dali_autoproxy.backends.torch_stage.registry import Batch, constant, kernel, uniform, upload, valid_sizes  # noqa: F401
 from dali_autoproxy.plan.ir import Crop, PillowReduce, PillowResize
 
 
@@ -262,7 +262,3 @@ def _crop(x: torch.Tensor, op: Crop, batch: Batch) -> torch.Tensor:
     batch.sizes = boxes[:, 2:4]
     return out.permute(0, 3, 1, 2).contiguous()
 
-
-def uniform(sizes: Optional[np.ndarray]) -> bool:
-    """Whether every sample of the batch has the same (height, width)."""
-    return sizes is None or bool((sizes == sizes[0]).all())

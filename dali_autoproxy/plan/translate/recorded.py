@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from dali_autoproxy.plan.ir import PERSPECTIVE_IDENTITY, Crop, Perspective, PillowReduce, PillowResize, Warp
-from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall
+from dali_autoproxy.plan.ir import PERSPECTIVE_IDENTITY, Crop, Flip, Perspective, PillowReduce, PillowResize, Warp
+from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall, RaggedPillowCall
 from dali_autoproxy.plan.recording import (
     CALL_SHAPES,
     CALL_WIDTHS,
@@ -59,11 +59,15 @@ def planned_shape(t: object) -> CallShape:
     return (), (CALL_WIDTHS.get(type(t), DEFAULT_CALLS),)
 
 
-def split_calls(calls) -> Tuple[Tuple[str, ...], List[list], List[tuple]]:
-    """A sample's recorded calls as its size changes and the runs of size-keeping calls around them."""
+FLIPS = ("hflip", "vflip")  # in a joint transform's plan, recorded as Flip ops (DALI's, or the stage's on any size)
+
+
+def split_calls(calls, flips: bool = False) -> Tuple[Tuple[str, ...], List[list], List[tuple]]:
+    """A sample's recorded calls as its size changes (and, with ``flips``, its flips) and the
+    runs of the other calls around them."""
     tokens, runs, changes = [], [[]], []
     for call in calls:
-        if call[0] in GEOMETRY_CALLS or call[0] == "tensor":
+        if call[0] in GEOMETRY_CALLS or call[0] == "tensor" or (flips and call[0] in FLIPS):
             tokens.append(call_token(call))
             changes.append(call)
             runs.append([])
@@ -109,8 +113,40 @@ def _no_calls_on_tensors(shape: CallShape) -> CallShape:
     return tokens, tuple(w if r <= first else 0 for r, w in enumerate(widths))
 
 
-def grown(shape: CallShape, tokens: Tuple[str, ...], runs: List[list]) -> CallShape:
+def grown(shape: CallShape, tokens: Tuple[str, ...], runs: List[list], merge: bool = False) -> CallShape:
+    """A shape that fits this sample's calls too. ``merge`` (a joint transform's plan, whose samples
+    make different subsets of the same steps, all ending in the same tensor steps): the shortest
+    sequence holding the planned size changes and the sample's in their orders, so that the shapes
+    settle after a few samples instead of following each one."""
+    if merge:  # the size changes and flips merged; the tensor steps (the chain's end) the sample's
+        merged = _supersequence(tuple(t for t in shape[0] if not _makes_tensor(t)),
+                                tuple(t for t in tokens if not _makes_tensor(t))) + tuple(
+            t for t in tokens if _makes_tensor(t))
+        if merged != tokens or merged != shape[0]:
+            most = min(MAX_CALLS, max([len(r) for r in runs] + list(shape[1])))
+            return _no_calls_on_tensors((merged, (most,) * (len(merged) + 1)))
     return _no_calls_on_tensors(_grown(shape, tokens, runs))
+
+
+def _supersequence(a: Tuple, b: Tuple) -> Tuple:
+    """The shortest common supersequence of two token sequences (a before b where they differ)."""
+    n, m = len(a), len(b)
+    lcs = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            lcs[i][j] = lcs[i + 1][j + 1] + 1 if a[i] == b[j] else max(lcs[i + 1][j], lcs[i][j + 1])
+    out, i, j = [], 0, 0
+    while i < n and j < m:
+        if a[i] == b[j]:
+            out.append(a[i])
+            i, j = i + 1, j + 1
+        elif lcs[i + 1][j] >= lcs[i][j + 1]:
+            out.append(a[i])
+            i += 1
+        else:
+            out.append(b[j])
+            j += 1
+    return tuple(out) + tuple(a[i:]) + tuple(b[j:])
 
 
 def guess_tensor_tail(t: object) -> bool:
@@ -152,8 +188,9 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
     ops: list = []
     runs: List[List[PillowCall]] = []
     changes: list = []
+    call_op = RaggedPillowCall if state.any_size else PillowCall
     for r, width in enumerate(widths):
-        runs.append([PillowCall(alloc(PillowCall)) for _ in range(width)])
+        runs.append([call_op(alloc(call_op)) for _ in range(width)])
         ops += runs[-1]
         if r < len(tokens):
             token = tokens[r]
@@ -164,6 +201,7 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
                 ops += step.ops
                 continue
             change = (Crop(alloc(Crop), in_bounds=False, fill=(0.0,)) if token == "crop"
+                      else Flip(alloc(Flip), vertical=token == "vflip") if token in FLIPS
                       else PillowResize(alloc(PillowResize)) if token == "resize"
                       else PillowReduce(alloc(PillowReduce)) if token == "reduce"
                       else Crop(alloc(Crop), in_bounds=False, fill=token[1]) if token[0] == "pad"
@@ -174,6 +212,7 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
     if tokens:
         state.fixed_size = None  # each sample's size is its own
     name, kind = transform_name(t), type(t)
+    state_flips = state.any_size
     said = f"{refused}; recorded, " if refused else f"{name} "
     none = PillowCall.neutral
 
@@ -193,13 +232,14 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
         elif type(out) is not RecordingImage or out.mode != "RGB":
             made = type(out).__name__ if type(out) is not RecordingImage else f"a {out.mode} image of {out.size}"
             raise NeedsPixels(f"{said}returned {made}, not an RGB image it recorded", transform=kind)
-        made, sample_runs, sample_changes = split_calls(out.calls)
+        made, sample_runs, sample_changes = split_calls(out.calls, state_flips)
         placed = fit(shape, made, sample_runs)
         if placed is None:
             total = sum(len(r) for r in sample_runs)
             raise NeedsPixels(f"{name} made {total} Pillow calls and size changes {list(made)}, planned "
                               f"{sum(widths)} and {list(tokens)}", calls=total if not made and not tokens else None,
-                              transform=kind, shape=grown(shape, made, sample_runs), instance=t)
+                              transform=kind, shape=grown(shape, made, sample_runs, merge=state_flips),
+                              instance=t)
         match, calls_at = placed
         height, width = int(g.height), int(g.width)
         for r, run in enumerate(runs):
@@ -215,6 +255,9 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
             if r < len(changes):
                 op, m = changes[r], match[r]
                 change = sample_changes[m] if m is not None else None
+                if type(op) is Flip:
+                    g.put(op, apply=1 if change is not None else 0)
+                    continue
                 if type(op) is Crop:  # a crop ("crop", top, ...) or a pad ("pad", fill, top, ...)
                     top, left, h, w = change[-4:] if change is not None else (0, 0, height, width)
                     g.put(op, top=top, left=left, height=h, width=w)
