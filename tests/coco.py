@@ -19,11 +19,12 @@ def _boxes(rng: np.random.Generator, w: int, h: int, n: int) -> List[List[float]
     return out
 
 
-def make_coco(root: str, n: int = 12, seed: int = 7, empty: bool = False) -> str:
+def make_coco(root: str, n: int = 12, seed: int = 7, empty: bool = False, large: bool = False) -> str:
     """``root/images/*.jpg`` and ``root/annotations.json``: photographs cropped and resized to
     sizes of their own, 1-4 objects each (boxes xywh, polygons, no crowds), one image's boxes
     degenerate (zero width); with ``empty``, the second image has no objects (the references
-    filter such images out of training sets). Returns the annotation file's path."""
+    filter such images out of training sets); ``large``: COCO's sizes (about 640 x 480). Returns the
+    annotation file's path."""
     rng = np.random.default_rng(seed)
     photos = photographs()
     os.makedirs(os.path.join(root, "images"), exist_ok=True)
@@ -34,7 +35,8 @@ def make_coco(root: str, n: int = 12, seed: int = 7, empty: bool = False) -> str
         s = rng.uniform(0.6, 1.0)
         ch, cw = int(h0 * s), int(w0 * s)
         y0, x0 = rng.integers(0, h0 - ch + 1), rng.integers(0, w0 - cw + 1)
-        w, h = int(rng.integers(200, 360)), int(rng.integers(160, 300))
+        w, h = (int(rng.integers(560, 641)), int(rng.integers(420, 481))) if large else (
+            int(rng.integers(200, 360)), int(rng.integers(160, 300)))
         Image.fromarray(src[y0:y0 + ch, x0:x0 + cw]).resize((w, h), Image.BILINEAR).save(
             os.path.join(root, "images", f"{i:04d}.jpg"), quality=90)
         images.append({"id": i + 1, "file_name": f"{i:04d}.jpg", "width": w, "height": h})

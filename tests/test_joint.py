@@ -236,3 +236,111 @@ def test_joint_shapes_merge_into_one_supersequence():
     from dali_autoproxy.plan.translate.recorded import _supersequence
     assert _supersequence(("pad", "crop", "hflip"), ("crop", "vflip")) == ("pad", "crop", "hflip", "vflip")
     assert _supersequence((), ("resize",)) == ("resize",)
+
+
+def test_detr_data_path_unchanged(tmp_path):
+    """DETR's own ``datasets/coco.py`` and ``datasets/transforms.py`` (set DETR_DIR to a checkout of
+    facebookresearch/detr), its training transforms and collate, run unchanged in a subprocess plain
+    and with DALI_AUTOPROXY=1: decode on DALI, the boxes (normalised cxcywh), masks, labels and
+    padded batches equal to plain's."""
+    where = os.environ.get("DETR_DIR")
+    if not where:
+        pytest.skip("set DETR_DIR to a checkout of facebookresearch/detr")
+    import subprocess
+    root = str(tmp_path)
+    annotations = make_coco(root, n=8, large=True)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "detr_data.py")
+    runs = []
+    for env in ({}, {"DALI_AUTOPROXY": "1", "DALI_AUTOPROXY_DEVICE": "cpu"}):
+        out = str(tmp_path / f"run{len(runs)}.pt")
+        e = {k: v for k, v in os.environ.items() if k != "DALI_AUTOPROXY"}
+        res = subprocess.run([sys.executable, script, os.path.join(root, "images"), annotations, out],
+                             env=dict(e, **env), capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs.append(torch.load(out))
+    plain, auto = runs
+    rep = auto["report"]
+    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+    for a, b in zip(plain["batches"], auto["batches"]):
+        assert torch.equal(a["mask"], b["mask"])
+        assert float((a["tensors"] - b["tensors"]).abs().max()) < 1e-5  # Normalize's float32 maths
+        for ta, tb in zip(a["targets"], b["targets"]):
+            assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+class ReferencesStyleCompose:
+    """Joint transforms written as the detection references' v1 ``transforms.py`` writes them (the
+    user's own classes: ``__call__(image, target)``, torchvision's v1 functional ops on the PIL
+    image, the boxes changed in place)."""
+
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+    def __call__(self, image, target):
+        for t in self.transforms:
+            image, target = t(image, target)
+        return image, target
+
+
+class JointFlip(torch.nn.Module):
+    def forward(self, image, target=None):
+        import torchvision.transforms.functional as F
+        if torch.rand(1) < 0.5:
+            image = F.hflip(image)
+            _, _, width = F.get_dimensions(image)
+            target["boxes"][:, [0, 2]] = width - target["boxes"][:, [2, 0]]
+        return image, target
+
+
+class JointZoomOut(torch.nn.Module):
+    def forward(self, image, target=None):
+        import torchvision.transforms.functional as F
+        if torch.rand(1) >= 0.5:
+            return image, target
+        _, h, w = F.get_dimensions(image)
+        r = 1 + torch.rand(1) * 1.5
+        left, top = int((int(w * r) - w) * torch.rand(1)), int((int(h * r) - h) * torch.rand(1))
+        image = F.pad(image, [left, top, int(w * r) - w - left, int(h * r) - h - top], fill=(123, 117, 104))
+        target["boxes"][:, 0::2] += left
+        target["boxes"][:, 1::2] += top
+        return image, target
+
+
+class JointToTensor(torch.nn.Module):
+    def forward(self, image, target=None):
+        import torchvision.transforms.functional as F
+        return F.convert_image_dtype(F.pil_to_tensor(image), torch.float), target
+
+
+class CocoWithTarget(torch.utils.data.Dataset):
+    """The references' ``coco_utils`` shape: a dataset that builds each target dict and calls
+    ``self._transforms(img, target)``."""
+
+    def __init__(self, coco_root, transforms):
+        from torchvision.datasets import CocoDetection as Coco
+        self.coco = Coco(os.path.join(coco_root[0], "images"), coco_root[1])
+        self._transforms = transforms
+
+    def __len__(self):
+        return len(self.coco)
+
+    def __getitem__(self, i):
+        img, anns = self.coco[i]
+        boxes = torch.tensor([a["bbox"] for a in anns], dtype=torch.float32).reshape(-1, 4)
+        boxes[:, 2:] += boxes[:, :2]
+        target = {"boxes": boxes, "labels": torch.tensor([a["category_id"] for a in anns]), "image_id": i}
+        return self._transforms(img, target)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_users_own_joint_classes_go_to_dali(coco_root, device):
+    """Joint classes of the user's own code (the references' v1 style): the outermost one is taken,
+    its calls recorded (flips, a pad with the mean colour, the tensor), the boxes plain's."""
+    chain = ReferencesStyleCompose([JointZoomOut(), JointFlip(), JointToTensor()])
+    ds = CocoWithTarget(coco_root, chain)
+    ref = load_all(ds, autoproxy=False, collate_fn=collate_fn, batch_size=4, seed=6, shuffle=True)
+    out = load_all(ds, autoproxy=True, collate_fn=collate_fn, batch_size=4, seed=6, shuffle=True, device=device)
+    assert_same_detection(ref, out, device)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+    assert rep["dali_transforms"][1:] == ["ReferencesStyleCompose with its targets"], rep

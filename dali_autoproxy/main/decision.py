@@ -78,12 +78,12 @@ def decide(loader: Any, options: Options) -> Decision:
     if max_batch_size(loader) is None:
         return Decision(False, "a batch_sampler without a batch_size attribute: the largest batch "
                         "(DALI's batch size) is unknown", worker_transforms=names)
-    if not found.chains:
+    if not found.chains and not found.joint:
         return Decision(False, "no torchvision transform chain found in the dataset (its attributes, closures "
                         "and the module globals its methods use)", worker_transforms=names)
     plans: Dict[str, Plan] = {}
     unplanned: List[str] = []
-    joint: List[str] = []
+    joint: List[str] = [f"{_path_text(path)}: {transform_name(t)}" for path, t in found.joint]
     first_reason = None
     for path, chain in found.chains:
         try:
@@ -101,7 +101,7 @@ def decide(loader: Any, options: Options) -> Decision:
     device, why = resolve_device(options)
     if device is None:
         return Decision(False, why, worker_transforms=names)
-    classes = {type(chain) for _, chain in found.chains}
+    classes = {type(chain) for _, chain in found.chains + found.joint}
     collate = None if loader.collate_fn is default_collate else loader.collate_fn
     return Decision(True, None, device, plans, classes, unplanned=unplanned, joint=joint, collate=collate)
 

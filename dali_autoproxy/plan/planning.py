@@ -166,6 +166,7 @@ def _class_functions(cls: type) -> Iterator[Tuple[str, Any]]:
 @dataclass
 class Found:
     chains: List[Tuple[Path, Any]] = field(default_factory=list)
+    joint: List[Tuple[Path, Any]] = field(default_factory=list)  # users' joint transforms (``joint_class``)
     folders: List[Any] = field(default_factory=list)  # DatasetFolders read with the PIL loader
 
 
@@ -186,6 +187,8 @@ def walk(dataset: Any) -> Found:
             continue  # a chain's own parts are planned with it
         if uses_pil_file_loader(obj):
             found.folders.append(obj)
+        if path and joint_class(type(obj)):
+            found.joint.append((path, obj))
         if depth >= _MAX_DEPTH:
             continue
         kids = list(_children(obj))
@@ -312,13 +315,38 @@ class JointOnly(Unsupported):
 
 
 def may_be_joint(chain: Any) -> bool:
-    """Whether a chain may be called with an image and its targets (torchvision v2's transforms),
-    which the workers take over as a joint transform."""
+    """Whether a chain may be called with an image and its targets, which the workers take over
+    as a joint transform: torchvision v2's transforms, and classes of users' own code whose call
+    takes two positional arguments (``__call__(self, image, target)``: the detection references'
+    v1 transforms, DETR's)."""
     try:
         from torchvision.transforms.v2 import Transform
     except ImportError:  # pragma: no cover - torchvision without v2
+        Transform = ()
+    return isinstance(chain, Transform) or joint_class(type(chain))
+
+
+_LIBRARY_MODULES = ("torch", "torchvision", "PIL", "numpy", "builtins", "dali_autoproxy", "functools", "collections")
+
+
+@functools.lru_cache(maxsize=None)
+def joint_class(cls: type) -> bool:
+    """A class of the user's code whose instances are called with two positional arguments (an
+    image and its target): its ``__call__`` (``forward`` for a torch module) takes two or more."""
+    import inspect
+
+    import torch
+    if (cls.__module__ or "").split(".")[0] in _LIBRARY_MODULES:
         return False
-    return isinstance(chain, Transform)
+    entry = getattr(cls, "forward" if issubclass(cls, torch.nn.Module) else "__call__", None)
+    if not isinstance(entry, types.FunctionType):
+        return False
+    try:
+        params = list(inspect.signature(entry).parameters.values())[1:]
+    except (TypeError, ValueError):  # pragma: no cover - an odd signature
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds for p in params) >= 2
 
 
 def build_joint_plan(call: Any) -> Plan:

@@ -26,7 +26,7 @@ from PIL import Image
 
 from dali_autoproxy.config import logger
 from dali_autoproxy.plan.ir import Unsupported
-from dali_autoproxy.plan.planning import ENDS_AS_PIL, build_head_plan, build_plan, may_be_joint
+from dali_autoproxy.plan.planning import ENDS_AS_PIL, build_head_plan, build_plan, joint_class, may_be_joint
 from dali_autoproxy.plan.translate.registry import transform_name
 from dali_autoproxy.transport import ProxySample, Unrouted
 from dali_autoproxy.tree import flatten
@@ -131,6 +131,8 @@ def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     if router is None or local.depth:
         return wrapped(*args, **kwargs)
     joint = _joint_call(instance, args, kwargs)
+    if joint is None and joint_class(type(instance)):
+        return wrapped(*args, **kwargs)  # a user's two-argument class called without an image: not ours
     if joint is not None or kwargs or len(args) != 1:
         local.depth += 1  # the chain's own calls inside are not taken either
         try:
@@ -141,7 +143,7 @@ def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
                     router.produced.append(id(instance))
                     router.taken += 1
                     return out
-                why = node.why if node is not None else f"{joint}: not a torchvision v2 transform"
+                why = node.why if node is not None else f"{joint}: not a v2 transform or a two-argument class"
                 router.passed_over[why] = router.passed_over.get(why, 0) + 1
             return wrapped(*args, **kwargs)
         finally:
