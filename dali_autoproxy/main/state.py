@@ -73,7 +73,8 @@ class LoaderState:
     def _describe_plans(self) -> None:
         rec = self.record
         plans = [p for p in self.plans.values() if not self.used or p.key in self.used]
-        named = list(dict.fromkeys(tuple(p.names) for p in plans))  # a chain replanned per sample: once
+        joint = list(dict.fromkeys(tuple(p.names) for p in plans if p.any_size))  # replanned per shape: once each
+        named = [tuple(p.names) for p in plans if not p.any_size] + joint
         rec["dali_transforms"] = (["decode"] if rec["decode_on_dali"] else []) + [n for names in named for n in names]
         rec["worker_transforms"] = [n for p in plans for n in p.worker_names]
         splits = [f"{' -> '.join(p.worker_names)} | {' -> '.join(p.names)} ({p.split_reason})"

@@ -331,13 +331,19 @@ _LIBRARY_MODULES = ("torch", "torchvision", "PIL", "numpy", "builtins", "dali_au
 
 @functools.lru_cache(maxsize=None)
 def joint_class(cls: type) -> bool:
-    """A class of the user's code whose instances are called with two positional arguments (an
-    image and its target): its ``__call__`` (``forward`` for a torch module) takes two or more."""
+    """A class of the user's own code (not an installed library's) whose instances are called with
+    two positional arguments (an image and its target): its ``__call__`` (``forward`` for a torch
+    module) takes two or more."""
     import inspect
+    import sys
 
     import torch
-    if (cls.__module__ or "").split(".")[0] in _LIBRARY_MODULES:
+    module = cls.__module__ or ""
+    if module.split(".")[0] in _LIBRARY_MODULES:
         return False
+    where = getattr(sys.modules.get(module), "__file__", None) or ""
+    if "site-packages" in where or "dist-packages" in where:
+        return False  # an installed library's class (webdataset's stages, ...), not a transform of the user's
     entry = getattr(cls, "forward" if issubclass(cls, torch.nn.Module) else "__call__", None)
     if not isinstance(entry, types.FunctionType):
         return False

@@ -131,8 +131,22 @@ def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     if router is None or local.depth:
         return wrapped(*args, **kwargs)
     joint = _joint_call(instance, args, kwargs)
-    if joint is None and joint_class(type(instance)):
+    users_class = joint_class(type(instance))
+    if joint is None and users_class:
         return wrapped(*args, **kwargs)  # a user's two-argument class called without an image: not ours
+    if joint is not None and users_class:  # the outermost joint call; not taken, the calls inside may be
+        node = router.joint_node_for(instance)
+        local.depth += 1
+        try:
+            out = node(args, kwargs)
+        finally:
+            local.depth -= 1
+        if out is not NOT_TAKEN:
+            router.produced.append(id(instance))
+            router.taken += 1
+            return out
+        router.passed_over[node.why] = router.passed_over.get(node.why, 0) + 1
+        return wrapped(*args, **kwargs)
     if joint is not None or kwargs or len(args) != 1:
         local.depth += 1  # the chain's own calls inside are not taken either
         try:

@@ -17,7 +17,7 @@ import ast
 import hashlib
 import inspect
 import textwrap
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -76,11 +76,33 @@ def call_fingerprint(cls: type) -> Optional[str]:
     """The fingerprint of a class's own Python ``__call__`` (None: none, or no source), cached."""
     if cls not in _FINGERPRINTS:
         call = vars(cls).get("__call__")
+        if not inspect.isfunction(call) or (call.__module__ or "").startswith("dali_autoproxy."):
+            _FINGERPRINTS[cls] = None  # no Python call of its own, or ours (a joint call's adapter)
+            return None
         try:
-            _FINGERPRINTS[cls] = fingerprint(call) if inspect.isfunction(call) else None
+            _FINGERPRINTS[cls] = fingerprint(call)
         except (OSError, TypeError, SyntaxError):
             _FINGERPRINTS[cls] = None
+        except (SystemError, RecursionError):  # CPython's parser called deep in a worker's stack: on a fresh one
+            _FINGERPRINTS[cls] = _on_fresh_stack(fingerprint, call)
     return _FINGERPRINTS[cls]
+
+
+def _on_fresh_stack(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a short-lived thread (its own, shallow stack); None if it fails there too.
+    Python 3.11's AST constructor can fail ("recursion depth mismatch") when called deep in a stack."""
+    import threading
+    result: list = [None]
+
+    def run() -> None:
+        try:
+            result[0] = fn(*args)
+        except Exception:
+            pass
+    thread = threading.Thread(target=run, name="dali_autoproxy-fingerprint")
+    thread.start()
+    thread.join()
+    return result[0]
 
 
 def register_by_code(*fingerprints: str) -> Callable[[Converter], Converter]:
