@@ -344,3 +344,38 @@ def test_users_own_joint_classes_go_to_dali(coco_root, device):
     rep = last_report()
     assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
     assert rep["dali_transforms"][1:] == ["ReferencesStyleCompose with its targets"], rep
+
+
+class WithKeypoints(torch.utils.data.Dataset):
+    """Samples with boxes and keypoints (v2's ``tv_tensors.KeyPoints``) through a v2 chain."""
+
+    def __init__(self, root, transforms):
+        self.files = sorted(os.path.join(root, "images", f) for f in os.listdir(os.path.join(root, "images")))
+        self.transforms = transforms
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        img = Image.open(self.files[i]).convert("RGB")
+        w, h = img.size
+        points = torch.tensor([[w * 0.2, h * 0.3], [w * 0.7, h * 0.6], [w * 0.5, h * 0.9]])
+        target = {"boxes": tv_tensors.BoundingBoxes([[1, 2, w // 2, h // 2], [w // 4, h // 4, w - 1, h - 1]],
+                                                   format="XYXY", canvas_size=(h, w)),
+                  "keypoints": tv_tensors.KeyPoints(points, canvas_size=(h, w)), "labels": torch.tensor([1, 2])}
+        return self.transforms(img, target)
+
+
+def test_keypoints_are_plains(coco_root):
+    if not hasattr(tv_tensors, "KeyPoints"):
+        pytest.skip("this torchvision has no tv_tensors.KeyPoints")
+    chain = v2.Compose([v2.RandomHorizontalFlip(), v2.RandomZoomOut(p=0.5), v2.RandomIoUCrop(),
+                        v2.RandomShortestSize(min_size=(96, 128), max_size=256), v2.PILToTensor(),
+                        v2.SanitizeBoundingBoxes()])
+    ds = WithKeypoints(coco_root[0], chain)
+    ref = load_all(ds, autoproxy=False, collate_fn=collate_fn, batch_size=4, seed=8, shuffle=True)
+    out = load_all(ds, autoproxy=True, collate_fn=collate_fn, batch_size=4, seed=8, shuffle=True, device="cpu")
+    assert_same_detection(ref, out)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
