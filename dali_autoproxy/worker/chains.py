@@ -14,6 +14,9 @@ translated, or its input is no image), the calls inside it are left alone. If th
 own code then uses a proxied result as a tensor and fails, the sample is fetched again with
 that chain running as plain torchvision, and the chain stays plain in that worker (logged).
 
+A chain called with an image and its targets (a v2 chain, or a two-argument class of the user's
+own code that the walk found) is a joint call: ``worker/joint.py`` takes it over for its image.
+
 In the main process nothing is patched unless a loader has ``num_workers=0``; then the same
 happens around each fetch.
 """
