@@ -142,7 +142,9 @@ def test_an_image_without_objects_raises_plains_error(tmp_path):
     assert errors[0] == errors[1] and "labels" in errors[0]
 
 
-class WrongSizedMask(torch.utils.data.Dataset):
+class JPEGFiles(torch.utils.data.Dataset):
+    """A set's JPEGs, each through ``transforms`` with targets the subclass makes."""
+
     def __init__(self, root, transforms):
         self.files = sorted(os.path.join(root, "images", f) for f in os.listdir(os.path.join(root, "images")))
         self.transforms = transforms
@@ -150,6 +152,8 @@ class WrongSizedMask(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.files)
 
+
+class WrongSizedMask(JPEGFiles):
     def __getitem__(self, i):
         from PIL import Image
         img = Image.open(self.files[i]).convert("RGB")
@@ -346,15 +350,8 @@ def test_users_own_joint_classes_go_to_dali(coco_root, device):
     assert rep["dali_transforms"][1:] == ["ReferencesStyleCompose with its targets"], rep
 
 
-class WithKeypoints(torch.utils.data.Dataset):
+class WithKeypoints(JPEGFiles):
     """Samples with boxes and keypoints (v2's ``tv_tensors.KeyPoints``) through a v2 chain."""
-
-    def __init__(self, root, transforms):
-        self.files = sorted(os.path.join(root, "images", f) for f in os.listdir(os.path.join(root, "images")))
-        self.transforms = transforms
-
-    def __len__(self):
-        return len(self.files)
 
     def __getitem__(self, i):
         from PIL import Image

@@ -309,11 +309,6 @@ def _target_transforms() -> frozenset:
     return frozenset(getattr(v2, n) for n in names if hasattr(v2, n))
 
 
-class JointOnly(Unsupported):
-    """A chain that only works on an image with its targets: planned per call, in the workers
-    (``worker/joint.py``), as a joint transform."""
-
-
 def may_be_joint(chain: Any) -> bool:
     """Whether a chain may be called with an image and its targets, which the workers take over
     as a joint transform: torchvision v2's transforms, and classes of users' own code whose call
@@ -368,7 +363,7 @@ def build_plan(transform: Any) -> Plan:
     flat = flatten(transform)
     joint = next((t for t in flat if type(t) in _target_transforms()), None)
     if joint is not None:
-        raise JointOnly(f"joint image-and-target transform ({transform_name(joint)} works on its targets)")
+        raise Unsupported(f"joint image-and-target transform ({transform_name(joint)} works on its targets)")
     try:
         return _translate(flat)
     except Unsupported as exc:

@@ -30,7 +30,7 @@ from PIL import Image
 from dali_autoproxy.config import logger
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.planning import ENDS_AS_PIL, build_head_plan, build_plan, joint_class, may_be_joint
-from dali_autoproxy.plan.translate.registry import transform_name
+from dali_autoproxy.plan.translate.registry import is_chain, transform_name
 from dali_autoproxy.transport import ProxySample, Unrouted
 from dali_autoproxy.tree import flatten
 from dali_autoproxy.worker.deferred import defer_convert
@@ -128,18 +128,14 @@ def _kind(x: Any) -> str:
     return "tensor" if type(x) is torch.Tensor else type(x).__name__
 
 
-def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """wrapt wrapper of a chain class's entry point (``__call__``, or ``forward`` of a module)."""
-    router = local.router
-    if router is None or local.depth:
-        return wrapped(*args, **kwargs)
-    joint = _joint_call(instance, args, kwargs)
-    users_class = joint_class(type(instance))
-    if joint is None and users_class:
-        return wrapped(*args, **kwargs)  # a user's two-argument class called without an image: not ours
-    if joint is not None and users_class:  # the outermost joint call; not taken, the calls inside may be
-        node = router.joint_node_for(instance)
-        local.depth += 1
+def _take_joint(router: ChainRouter, instance: Any, args: tuple, kwargs: dict, joint: str) -> Any:
+    """A joint call's result with its image proxied (``worker/joint.py``), or NOT_TAKEN, with why
+    counted for the report."""
+    node = router.joint_node_for(instance)
+    if node is None:
+        why = f"{joint}: not a v2 transform or a two-argument class"
+    else:
+        local.depth += 1  # the transform's own calls, made while it is recorded, are not taken
         try:
             out = node(args, kwargs)
         finally:
@@ -148,20 +144,27 @@ def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
             router.produced.append(id(instance))
             router.taken += 1
             return out
-        router.passed_over[node.why] = router.passed_over.get(node.why, 0) + 1
+        why = node.why
+    router.passed_over[why] = router.passed_over.get(why, 0) + 1
+    return NOT_TAKEN
+
+
+def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """wrapt wrapper of a chain class's entry point (``__call__``, or ``forward`` of a module)."""
+    router = local.router
+    if router is None or local.depth:
+        return wrapped(*args, **kwargs)
+    joint = _joint_call(instance, args, kwargs)
+    users_class = joint_class(type(instance)) and not is_chain(instance)  # a registered equivalent is a chain
+    if joint is not None:
+        out = _take_joint(router, instance, args, kwargs, joint)
+        if out is not NOT_TAKEN:
+            return out
+    if users_class:  # a user's two-argument class: run as written, the chain calls inside it may be taken
         return wrapped(*args, **kwargs)
     if joint is not None or kwargs or len(args) != 1:
         local.depth += 1  # the chain's own calls inside are not taken either
         try:
-            if joint is not None:
-                node = router.joint_node_for(instance)
-                out = node(args, kwargs) if node is not None else NOT_TAKEN
-                if out is not NOT_TAKEN:
-                    router.produced.append(id(instance))
-                    router.taken += 1
-                    return out
-                why = node.why if node is not None else f"{joint}: not a v2 transform or a two-argument class"
-                router.passed_over[why] = router.passed_over.get(why, 0) + 1
             return wrapped(*args, **kwargs)
         finally:
             local.depth -= 1
