@@ -12,6 +12,8 @@ Modes (each on the same corpus, batch size, workers and transforms):
   autoproxy        the same loader object code after dali_autoproxy.enable()
   autoproxy_fast   the same with enable(fidelity="fast"): DALI's approximate colour operators
   autoproxy_pillow the same with enable(resize="pillow"): Pillow's resize arithmetic, border included
+  autoproxy_pillow_loop_stream  the same, with the torch stage on the loop's stream after a host wait
+                   for DALI's outputs instead of on the pipeline's own stream (the two designs compared)
   dali_proxy       a hand-written DALI proxy pipeline (nvidia.dali.plugin.pytorch.experimental.proxy),
                    workers read file bytes, DALI decodes (ROI decode for train) on the device; DALI's
                    own operators (color_twist, auto_aug) for the heavy and trivialaugment pipelines
@@ -141,6 +143,65 @@ def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=F
         return n, dt
     finally:
         dali_autoproxy.disable()
+
+
+def on_loop_stream(run, *args, **kwargs):
+    """``run`` with the torch stage on the loop's stream, DALI's outputs waited for on the host."""
+    from dali_autoproxy.backends.dali import runner
+    runner.STAGE_ON_OWN_STREAM = False
+    try:
+        return run(*args, **kwargs)
+    finally:
+        runner.STAGE_ON_OWN_STREAM = True
+
+
+class ThreadClock:
+    """Where the pipeline thread's time goes per batch: wall and CPU (``thread_time``) time in
+    DALI's outputs() and in the torch stage (CPU below wall: waiting, for the GPU or the GIL);
+    and the main thread's CPU time over the epoch's wall time."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.rows = enabled, []
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        from dali_autoproxy.backends.dali import runner
+        from dali_autoproxy.backends.torch_stage import TorchStage
+        self._saved = runner._outputs, TorchStage.__call__
+        real_outputs, real_stage = self._saved
+        rows = self.rows
+
+        def timed(fn, kind):
+            def wrapper(*args, **kwargs):
+                w0, c0 = time.perf_counter(), time.thread_time()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    rows.append((kind, time.perf_counter() - w0, time.thread_time() - c0))
+            return wrapper
+        runner._outputs = timed(real_outputs, "outputs")
+        TorchStage.__call__ = timed(real_stage, "stage")
+        self._main = time.perf_counter(), time.thread_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.enabled:
+            return
+        from dali_autoproxy.backends.dali import runner
+        from dali_autoproxy.backends.torch_stage import TorchStage
+        runner._outputs, TorchStage.__call__ = self._saved
+        wall, cpu = time.perf_counter() - self._main[0], time.thread_time() - self._main[1]
+        self.main_busy = cpu / max(wall, 1e-9)
+
+    def summary(self) -> dict:
+        out = {"main_thread_busy": round(self.main_busy, 3)}
+        for kind in ("outputs", "stage"):
+            rows = [r for r in self.rows if r[0] == kind][5:]  # the first batches compile and allocate
+            if rows:
+                out[f"{kind}_wall_ms"] = round(1000 * float(np.median([r[1] for r in rows])), 3)
+                out[f"{kind}_cpu_ms"] = round(1000 * float(np.median([r[2] for r in rows])), 3)
+        return out
 
 
 def _dali_ops(jpegs, kind, dali_device, hw_decoder_load=None):
@@ -333,7 +394,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, nargs="+", default=[128])
     ap.add_argument("--pipelines", nargs="+", default=["train", "eval"], choices=PIPELINES)
     ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy", "dali_proxy", "dali_native"],
-                    choices=["torchvision", "autoproxy", "autoproxy_fast", "autoproxy_pillow", "dali_proxy",
+                    choices=["torchvision", "autoproxy", "autoproxy_fast", "autoproxy_pillow",
+                             "autoproxy_pillow_loop_stream", "dali_proxy",
                              "dali_native", "decode_ceiling",
                              "decode_jpeg_gpu"])
     ap.add_argument("--warmup", type=int, default=None,
@@ -343,6 +405,9 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=1, help="epochs per run for the DALI modes")
     ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--thread-times", action="store_true",
+                    help="per batch, the pipeline thread's wall and CPU time in DALI's outputs and in the torch "
+                         "stage (median), and the main thread's busy share, for the autoproxy modes")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one autoproxy train epoch at the largest worker count (main process)")
     a = ap.parse_args(argv)
@@ -364,6 +429,8 @@ def main(argv=None):
                "autoproxy": lambda *x: run_torchvision(*x[:6], autoproxy=True),
                "autoproxy_fast": lambda *x: run_torchvision(*x[:6], autoproxy=True, fidelity="fast"),
                "autoproxy_pillow": lambda *x: run_torchvision(*x[:6], autoproxy=True, resize="pillow"),
+               "autoproxy_pillow_loop_stream": lambda *x: on_loop_stream(
+                   run_torchvision, *x[:6], autoproxy=True, resize="pillow"),
                "dali_proxy": run_dali_proxy, "dali_native": run_dali_native, "decode_ceiling": run_decode_ceiling,
                "decode_jpeg_gpu": run_decode_jpeg_gpu}
     results = []
@@ -379,7 +446,11 @@ def main(argv=None):
                 try:
                     for _ in range(1 if mode == "torchvision" else a.epochs):
                         warm = a.warmup if a.warmup is not None else auto_warmup(w, a.images // batch)
-                        ni, di = runners[mode](a.data, kind, w, batch, warm, a.device, threads)
+                        with ThreadClock(a.thread_times and mode.startswith("autoproxy")) as clock:
+                            ni, di = runners[mode](a.data, kind, w, batch, warm, a.device, threads)
+                        if clock.rows:
+                            print(json.dumps({"pipeline": kind, "mode": mode, "workers": w, **clock.summary()}),
+                                  flush=True)
                         n, dt = n + ni, dt + di
                 except Exception as exc:  # one mode failing must not lose the others' figures
                     print(json.dumps({"pipeline": kind, "mode": mode, "workers": w, "batch": batch,

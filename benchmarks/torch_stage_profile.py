@@ -2,6 +2,12 @@
 batch: where the heavy and trivialaugment pipelines' GPU time goes.
 
     python benchmarks/torch_stage_profile.py --chain heavy trivialaugment ssl_pillow --batch 128 --size 224
+    python benchmarks/torch_stage_profile.py --chain train eval --resize pillow --host-profile
+
+With ``--resize pillow`` the stage starts at Pillow's resize: its input is DALI's hand-over, the
+decoded crops (train) or whole images (eval) of a 400 x 500 photo padded to one batch.
+``--host-profile``: a cProfile of the stage's calls (the host's share of each batch: the
+pipeline thread holds the GIL for it).
 """
 from __future__ import annotations
 
@@ -29,7 +35,11 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--chain", nargs="+", default=["heavy"], choices=list(CHAINS))
+    ap.add_argument("--resize", choices=["dali", "pillow"], default="dali")
+    ap.add_argument("--host-profile", action="store_true")
     a = ap.parse_args()
+    from dali_autoproxy.plan.settings import SETTINGS
+    SETTINGS["resize"] = a.resize
     for chain in a.chain:
         profile(chain, a)
 
@@ -42,6 +52,8 @@ class PillowRandomBlur:
 
 
 CHAINS = {
+    "train": lambda size: [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)],
+    "eval": lambda size: [T.Resize(size * 8 // 7), T.CenterCrop(size), T.ToTensor(), T.Normalize(MEAN, STD)],
     "heavy": lambda size: [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4, 0.1),
                            T.RandomGrayscale(0.2), T.GaussianBlur(9, (0.1, 2.0)), T.ToTensor(),
                            T.Normalize(MEAN, STD), T.RandomErasing()],
@@ -61,7 +73,10 @@ def profile(chain: str, a) -> None:
     _, ops = split(plan.ops)
     torch.manual_seed(0)
     params = np.array([plan.draw(400, 500) for _ in range(a.batch)])
-    x = torch.randint(0, 256, (a.batch, a.size, a.size, 3), dtype=torch.uint8, device=dev)
+    hw = (400, 500) if type(ops[0]).__name__ == "PillowResize" else (a.size, a.size)  # DALI's hand-over
+    x = torch.randint(0, 256, (a.batch, *hw, 3), dtype=torch.uint8, device=dev)
+    if a.host_profile:
+        return host_profile(chain, plan, ops, x, a)
 
     def timed(fn) -> float:
         fn()
@@ -103,6 +118,33 @@ def profile(chain: str, a) -> None:
     for name, ms in rows.items():
         print(json.dumps({"chain": chain, "op": name, "ms_per_batch": round(ms, 3),
                           "images_per_s": round(a.batch / ms * 1000)}))
+
+
+def host_profile(chain: str, plan, ops, x: torch.Tensor, a) -> None:
+    """The stage's host time per batch (a new draw each batch, as in an epoch) and where it goes."""
+    import cProfile
+    import io
+    import pstats
+    draws = [np.array([plan.draw(400, 500) for _ in range(a.batch)]) for _ in range(a.repeat + 3)]
+    stage = TorchStage(ops)
+    for params in draws[:3]:
+        stage(x, params)
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    sync()
+    host, prof = [], cProfile.Profile()
+    for params in draws[3:]:
+        prof.enable()
+        t0 = time.perf_counter()
+        stage(x, params)
+        host.append(time.perf_counter() - t0)
+        prof.disable()
+        sync()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+    pstats.Stats(prof, stream=buf).sort_stats("cumtime").print_stats(25)
+    ms = round(1000 * float(np.median(host)), 3)
+    print(json.dumps({"chain": chain, "resize": a.resize, "host_ms_per_batch": ms}))
+    print(buf.getvalue())
 
 
 if __name__ == "__main__":

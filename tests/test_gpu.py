@@ -361,3 +361,38 @@ def test_staged_uploads_arrive_intact_while_the_gpu_is_busy():
         arrived.append(upload(values, dev))
     assert all(np.array_equal(a.cpu().numpy(), s) for a, s in zip(arrived, sent))
     assert _STAGING.at > 0
+
+
+def test_gpu_stage_on_its_own_stream_hands_over_whole_batches(photo_root):
+    """The torch stage runs on its pipeline's own stream, and the loop's stream waits for it
+    when the loop takes a batch. With the loop on a stream of its own that reads some batches
+    at once and others only after long queued work (freeing each batch on the host while that
+    read is still queued, so its memory could go to a later batch's stage), every batch equals
+    the same epoch read plainly: the wait and the memory's hand-over both hold."""
+    import torchvision.transforms as T
+    from torch.utils.data import DataLoader
+
+    import dali_autoproxy
+    from dali_autoproxy.backends.dali import runner
+    assert runner.STAGE_ON_OWN_STREAM
+    ds = image_folder(photo_root, T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor(),
+                                             T.Normalize([0.5] * 3, [0.25] * 3)]))
+    quiet = load_all(ds, autoproxy=True, device="gpu", resize="pillow", seed=3, shuffle=True, batch_size=4)
+    assert last_report()["proxied"]
+    dali_autoproxy.enable(device="gpu", resize="pillow", log_level="WARNING")
+    try:
+        torch.manual_seed(3)
+        loop = torch.cuda.Stream()
+        out = []
+        with torch.cuda.stream(loop):
+            for k, (x, y) in enumerate(DataLoader(ds, batch_size=4, num_workers=2, shuffle=True)):
+                if k % 2:
+                    torch.cuda._sleep(50_000_000)  # tens of ms of queued work before the read
+                out.append((x * 1, y))
+                del x
+            loop.synchronize()
+    finally:
+        dali_autoproxy.disable()
+    assert len(out) == len(quiet)
+    for (a, ya), (b, yb) in zip(quiet, out):
+        assert torch.equal(ya, yb) and torch.equal(a.cpu(), b.cpu())

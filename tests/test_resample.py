@@ -39,17 +39,30 @@ def _batch(rng, n, max_side=160, max_out=120):
     return x, np.array(ins), np.array(outs), kinds, crops
 
 
-def differences_from_pillow(resize, seed: int, batches: int, n: int = 6) -> dict:
-    """Samples whose resize differs from Pillow's anywhere, of all those tried."""
+def _windows(rng, outs: np.ndarray) -> np.ndarray:
+    """A random window (top, left, height, width) inside each output size: a crop after the resize."""
+    size = np.stack([rng.integers(1, o + 1) for o in outs.T], 1)
+    start = np.stack([rng.integers(0, o - s + 1) for o, s in zip(outs.T, size.T)], 1)
+    return np.concatenate([start, size], 1).astype(np.int64)
+
+
+def differences_from_pillow(resize, seed: int, batches: int, n: int = 6, windowed: bool = False) -> dict:
+    """Samples whose resize differs from Pillow's anywhere, of all those tried; ``windowed``: a
+    random crop of each resized image folded into the resize, against Pillow's resize, then crop."""
     rng = np.random.default_rng(seed)
     total = bad = 0
     for _ in range(batches):
         x, ins, outs, kinds, crops = _batch(rng, n)
-        out = resize(x, ins, outs, kinds).cpu()
+        window = _windows(rng, outs) if windowed else None
+        out = (resize(x, ins, outs, kinds, window=window) if windowed else resize(x, ins, outs, kinds)).cpu()
         for b in range(n):
             ref = np.asarray(Image.fromarray(crops[b]).resize((int(outs[b][1]), int(outs[b][0])), int(kinds[b])))
-            got = out[b, :, :outs[b][0], :outs[b][1]].permute(1, 2, 0).numpy().astype(np.uint8)
-            padding_zero = bool((out[b, :, outs[b][0]:, :] == 0).all() and (out[b, :, :, outs[b][1]:] == 0).all())
+            if windowed:
+                top, left, height, width = window[b]
+                ref = ref[top:top + height, left:left + width]
+            oh, ow = ref.shape[:2]
+            got = out[b, :, :oh, :ow].permute(1, 2, 0).numpy().astype(np.uint8)
+            padding_zero = bool((out[b, :, oh:, :] == 0).all() and (out[b, :, :, ow:] == 0).all())
             total += 1
             bad += int((ref != got).any() or not padding_zero)
     return {"samples": total, "different_from_pillow": bad}
@@ -60,6 +73,8 @@ def test_float64_products_equal_pillow_on_photographs():
     resample._FORCE_TORCH_OPS = True
     try:
         assert differences_from_pillow(resample.pillow_resize, 0, 20) == {"samples": 120, "different_from_pillow": 0}
+        assert differences_from_pillow(resample.pillow_resize, 5, 10, windowed=True) == {
+            "samples": 60, "different_from_pillow": 0}
     finally:
         resample._FORCE_TORCH_OPS = False
 
@@ -133,20 +148,21 @@ def test_pass_order_follows_pillow():
     assert list(order) == ([True, False] if int(PIL.__version__.split(".")[0]) >= 13 else [False, False])
 
 
-def _triton_resize(x, ins, outs, kinds):
+def _triton_resize(x, ins, outs, kinds, window=None):
     """The Triton passes on the batch as the torch stage hands it over: DALI's uint8 HWC, permuted."""
     from dali_autoproxy.backends.torch_stage import _triton_resample, resample
     order = resample.vertical_first(ins, outs)
     as_dali_made_it = x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().to(DEVICE).permute(0, 3, 1, 2)
     return resample._by_order(lambda *a: resample._two_passes_triton(_triton_resample.resample_axis_stored, *a),
-                              as_dali_made_it, ins, outs, kinds, np.concatenate([0 * ins, ins], 1), order)
+                              as_dali_made_it, ins, outs, kinds, np.concatenate([0 * ins, ins], 1), order, window)
 
 
 DEVICE = "cpu"
 
 
 def test_triton_kernel_in_tritons_interpreter_equals_pillow():
-    assert in_tritons_interpreter(__file__) == {"samples": 24, "different_from_pillow": 0}
+    assert in_tritons_interpreter(__file__) == {"samples": 24, "different_from_pillow": 0,
+                                                "windowed": {"samples": 24, "different_from_pillow": 0}}
 
 
 @pytest.mark.gpu
@@ -155,6 +171,8 @@ def test_triton_kernel_on_the_gpu_equals_pillow():
     DEVICE = "cuda"
     try:
         assert differences_from_pillow(_triton_resize, 2, 30) == {"samples": 180, "different_from_pillow": 0}
+        assert differences_from_pillow(_triton_resize, 3, 30, windowed=True) == {
+            "samples": 180, "different_from_pillow": 0}
     finally:
         DEVICE = "cpu"
 
@@ -234,4 +252,5 @@ if __name__ == "__main__":  # the interpreter test's subprocess
     DEVICE = sys.argv[1]
     from dali_autoproxy.backends.torch_stage.kept_tables import KeptTables
     KeptTables.COMPUTED_ON = ("cuda", "cpu")  # new tables computed by the device's torch ops, as on the GPU
-    print(json.dumps(differences_from_pillow(_triton_resize, 1, 4)))
+    print(json.dumps(dict(differences_from_pillow(_triton_resize, 1, 4),
+                          windowed=differences_from_pillow(_triton_resize, 6, 4, windowed=True))))

@@ -55,12 +55,13 @@ os.register_at_fork(before=_guard_before_fork, after_in_parent=_release_guard_in
 class _Batch:
     """One submitted batch: fed and run, then collected, by the pipeline's thread; the loader
     waits for its result."""
-    __slots__ = ("group", "stream", "done", "delivered", "ok", "value", "requested", "cancelled")
+    __slots__ = ("group", "stream", "done", "delivered", "ok", "value", "requested", "cancelled", "ready")
 
     def __init__(self, group: Union[ProxyGroup, SharedGroup], stream) -> None:
         self.group, self.stream = group, stream
         self.done, self.delivered, self.ok, self.value = threading.Event(), threading.Event(), False, None
         self.requested = self.cancelled = False
+        self.ready: Optional[torch.cuda.Event] = None  # recorded on the stage's stream after its work
 
     def fail(self, exc: BaseException) -> None:
         self.group, self.value = None, exc
@@ -72,13 +73,28 @@ class _Batch:
 
     def result(self, timeout: float):
         """The batch; TimeoutError if DALI delivers no output within ``timeout`` seconds. The
-        torch stage's own time (a first batch may compile its Triton kernels) does not count."""
+        torch stage's own time (a first batch may compile its Triton kernels) does not count.
+        A batch the stage made on its own stream is handed to the caller's current stream: that
+        stream waits for the stage's work, and the caching allocator keeps the batch's memory
+        until that stream is done with it."""
         if not self.done.wait(timeout) and not (self.delivered.is_set() and self.done.wait()):
             raise TimeoutError
         value, self.value = self.value, None
-        if self.ok:
-            return value
-        raise value
+        if not self.ok:
+            raise value
+        if self.ready is not None:
+            consumer = torch.cuda.current_stream(self.stream.device)
+            consumer.wait_event(self.ready)
+            for t in _tensors(value):
+                t.record_stream(consumer)
+        return value
+
+
+def _tensors(value) -> list:
+    """The tensors of a batch: a tensor, or (nested) lists of them."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for v in value for t in _tensors(v)]
 
 
 class _Inputs:
@@ -138,6 +154,7 @@ class _PipelineThread:
         del self._run
         if device_id is not None:
             torch.cuda.set_device(device_id)
+        stage_stream = _stage_stream(stages, device_id)
         requested: "collections.deque" = collections.deque()  # collections asked for, oldest first
         while True:
             try:  # every queued feed goes to DALI before the thread blocks in outputs()
@@ -160,13 +177,18 @@ class _PipelineThread:
                     with nvtx.range("dali_autoproxy feed"):
                         _feed(inputs, feeds, batch.group)
                 else:
-                    with torch.cuda.stream(batch.stream) if batch.stream is not None else contextlib.nullcontext():
+                    own = stage_stream is not None and batch.stream is not None
+                    stream = stage_stream if own else batch.stream
+                    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                         with nvtx.range("dali_autoproxy DALI outputs"):
-                            outs = _outputs(inputs)
+                            outs = _outputs(inputs, stream if own else None)
                         batch.delivered.set()
                         with nvtx.range("dali_autoproxy torch stage"):
                             result = [stage(out, member.params) if stage is not None else out
                                       for out, stage, member in zip(outs, stages, batch.group.members)]
+                        if own:
+                            batch.ready = torch.cuda.Event()
+                            batch.ready.record(stage_stream)
                         batch.succeed(result if views else result[0])
                         del outs, result
             except BaseException as exc:  # handed to the loader, which rebuilds the pipeline
@@ -187,10 +209,27 @@ def _feed(inputs: _Inputs, feeds: list, group: Union[ProxyGroup, SharedGroup]) -
     pipe._run_once()
 
 
-def _outputs(inputs: _Inputs) -> List[Union[torch.Tensor, List[torch.Tensor]]]:
+STAGE_ON_OWN_STREAM = True  # benchmarks compare it with the stage on the loop's stream, after a host wait
+
+
+def _stage_stream(stages: List[Optional[TorchStage]], device_id: Optional[int]):
+    """The stream a pipeline's torch stage runs on, or None (then DALI's outputs wait on the
+    host and the stage runs on the loop's stream). Its own stream when every branch has a
+    stage: DALI binds its outputs to that stream (no host wait for the decode to finish),
+    the stage's kernels queue behind the decode there, not behind the training step on the
+    loop's stream, and the loop's stream waits for the stage's event when it takes the batch.
+    Only the stage's own outputs cross to the loop's stream (allocated by torch, so
+    ``record_stream`` keeps them alive for it); DALI's buffers never leave the stage's stream."""
+    if device_id is None or not STAGE_ON_OWN_STREAM or not stages or any(s is None for s in stages):
+        return None
+    return torch.cuda.Stream(device=device_id)
+
+
+def _outputs(inputs: _Inputs, stream=None) -> List[Union[torch.Tensor, List[torch.Tensor]]]:
     """DALI's next outputs (one per branch) as torch tensors: one batch, or one per sample when
-    sizes differ."""
-    outs = inputs.pipe.outputs()
+    sizes differ. With ``stream``, bound to it (ready once that stream reaches them) instead
+    of waited for on the host."""
+    outs = inputs.pipe.outputs() if stream is None else inputs.pipe.outputs(cuda_stream=stream)
     inputs.payloads.popleft()  # DALI is done reading it
     return [torch.from_dlpack(out.as_tensor()) if out.is_dense_tensor()
             else [torch.from_dlpack(out[i]) for i in range(len(out))] for out in outs]

@@ -27,7 +27,7 @@ import torch
 from dali_autoproxy.backends.torch_stage.color import hue_tables
 from dali_autoproxy.backends.torch_stage.geometry import perspective, warp
 from dali_autoproxy.backends.torch_stage.policies import augment
-from dali_autoproxy.backends.torch_stage.registry import TORCH_KERNELS, Batch, upload
+from dali_autoproxy.backends.torch_stage.registry import FUSED_PAIRS, TORCH_KERNELS, Batch, upload
 from dali_autoproxy.backends.torch_stage.resample import uniform
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
 from dali_autoproxy.plan.ir import PillowResize
@@ -59,6 +59,8 @@ class TorchStage:
     def __init__(self, ops: Sequence[object]):
         self.ops = list(ops)
         self.kernels = [TORCH_KERNELS[op] for op in self.ops]
+        self.pairs = {k: FUSED_PAIRS[pair] for k, pair in enumerate(zip(map(type, self.ops), map(type, self.ops[1:])))
+                      if pair in FUSED_PAIRS}  # op k and k + 1 in one kernel where the batch allows
 
     def __call__(self, out: Union[torch.Tensor, List[torch.Tensor]], params) -> Union[torch.Tensor, List[torch.Tensor]]:
         host = np.asarray(params)
@@ -75,11 +77,18 @@ class TorchStage:
         return self._run(x, batch, 0)
 
     def _run(self, x: torch.Tensor, batch: Batch, start: int) -> Union[torch.Tensor, List[torch.Tensor]]:
-        for k in range(start, len(self.ops)):
+        k = start
+        while k < len(self.ops):
             op = self.ops[k]
             if not op.ragged and not uniform(batch.sizes):
                 return [self._run(*self._sample(x, batch, i), k).squeeze(0) for i in range(x.shape[0])]
+            pair = self.pairs.get(k)
+            both = pair(x, op, self.ops[k + 1], batch) if pair is not None else None
+            if both is not None:
+                x, k = both, k + 2
+                continue
             x = self.kernels[k](x, op, batch)
+            k += 1
         if not uniform(batch.sizes):
             return [self._finish(x[i:i + 1, :, :h, :w], batch)[0] for i, (h, w) in enumerate(batch.sizes)]
         return self._finish(x, batch)

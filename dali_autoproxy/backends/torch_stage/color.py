@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from dali_autoproxy.backends.torch_stage import fused_color
-from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
+from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, shared, update_rows, upload
 from dali_autoproxy.plan.ir import ColorJitter, Grayscale, PixelOp, jitter_order
 
 
@@ -89,7 +89,7 @@ def hue_tables(device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
             to_hs[start:start + chunk] = (h * 256 + s).to(torch.int16)
             to_rgb[start:start + chunk] = hsv8_to_rgb(a.to(torch.float64), b_.to(torch.float64),
                                                       c.to(torch.float64)).to(torch.uint8)  # a, b, c = H, S, V
-        _HUE_TABLES[key] = (to_hs, to_rgb)
+        _HUE_TABLES[key] = (shared(to_hs), shared(to_rgb))
     return _HUE_TABLES[key]
 
 

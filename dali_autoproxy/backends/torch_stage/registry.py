@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -37,6 +37,18 @@ TORCH_KERNELS = KernelTable("torch stage")
 TORCH_KERNELS.not_here("DALI runs tensor resizes (torch's own maths) before the stage takes over", Resize)
 TORCH_KERNELS.not_here("fidelity='fast' asks for DALI's own operator", FastColorJitter)
 kernel = TORCH_KERNELS.register
+
+PairKernel = Callable[[torch.Tensor, object, object, Batch], Optional[torch.Tensor]]
+FUSED_PAIRS: Dict[Tuple[type, type], PairKernel] = {}
+
+
+def fused_pair(first: type, second: type) -> Callable[[PairKernel], PairKernel]:
+    """Registers ``kernel(x, first_op, second_op, batch)``: the two ops in one, cheaper (fewer
+    launches and passes); it returns None for a batch it cannot take (each op's own kernel runs)."""
+    def register(fn: PairKernel) -> PairKernel:
+        FUSED_PAIRS[(first, second)] = fn
+        return fn
+    return register
 
 
 def upload(values, device: torch.device, dtype=None) -> torch.Tensor:
@@ -102,6 +114,14 @@ def valid_sizes(x: torch.Tensor, batch: Batch) -> np.ndarray:
     return np.tile(np.asarray([x.shape[2], x.shape[3]], dtype=np.int64), (x.shape[0], 1))
 
 
+def shared(t: torch.Tensor) -> torch.Tensor:
+    """``t``, computed: a tensor cached for every pipeline thread (each stage runs on its own
+    stream) is complete before another stream can read it."""
+    if t.is_cuda:
+        torch.cuda.current_stream(t.device).synchronize()
+    return t
+
+
 _CONSTANTS: dict = {}
 
 
@@ -109,7 +129,7 @@ def constant(values: Sequence[float], device: torch.device, dtype=torch.float32)
     """A small per-channel constant (mean, std, fill) as [1, C, 1, 1], uploaded once per device."""
     key = (tuple(values), str(device), dtype)
     if key not in _CONSTANTS:
-        _CONSTANTS[key] = torch.tensor(list(values), dtype=dtype).view(1, -1, 1, 1).to(device)
+        _CONSTANTS[key] = shared(torch.tensor(list(values), dtype=dtype).view(1, -1, 1, 1).to(device))
     return _CONSTANTS[key]
 
 

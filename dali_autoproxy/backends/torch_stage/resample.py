@@ -33,7 +33,15 @@ import torch
 
 from dali_autoproxy.backends.torch_stage import pillow_weights
 from dali_autoproxy.backends.torch_stage.kept_tables import kept_tables
-from dali_autoproxy.backends.torch_stage.registry import Batch, constant, kernel, uniform, upload, valid_sizes  # noqa: F401
+from dali_autoproxy.backends.torch_stage.registry import (  # noqa: F401
+    Batch,
+    constant,
+    fused_pair,
+    kernel,
+    uniform,
+    upload,
+    valid_sizes,
+)
 from dali_autoproxy.plan.ir import Crop, PillowReduce, PillowResize
 
 
@@ -55,15 +63,19 @@ def _tables(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kind
     return upload(first, device), upload(weights, device)
 
 
-def _triton_pass(kernel, x: torch.Tensor, in_sizes, boxes, out_sizes, kinds, along: int) -> torch.Tensor:
-    """One pass of Pillow's resample along axis ``along`` (2: rows, 3: columns) of x [B, C, H, W]."""
+def _keys(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray) -> list:
+    """Each sample's kept-table key along one axis, (input size, box start, box end, output size,
+    filter), as Python numbers (one conversion per array, not per value)."""
+    return list(zip(np.asarray(in_sizes).tolist(), boxes[:, 0].tolist(), boxes[:, 1].tolist(),
+                    np.asarray(out_sizes).tolist(), np.asarray(kinds).tolist()))
+
+
+def _triton_pass(kernel, x: torch.Tensor, tables: torch.Tensor, n_out: int, along: int) -> torch.Tensor:
+    """One pass of Pillow's resample along axis ``along`` (2: rows, 3: columns) of x [B, C, H, W],
+    each sample's tables located by ``tables`` (int64 [4, B], ``KeptTables.locate``)."""
     b, c = x.shape[0], x.shape[1]
     n_in, n_across = x.shape[along], x.shape[5 - along]
-    n_out = int(np.max(out_sizes))
     kept = kept_tables(x.device)
-    keys = [(int(n), float(b0), float(b1), int(o), int(k))
-            for n, (b0, b1), o, k in zip(in_sizes, boxes.tolist(), out_sizes, kinds)]
-    tables = upload(kept.locate(keys), x.device)
     shape = [b, c, 0, 0]
     shape[along], shape[5 - along] = n_out, n_across
     out = torch.empty(shape, dtype=torch.float32, device=x.device)
@@ -80,13 +92,28 @@ def triton_cdiv(n: int, k: int) -> int:
 
 
 def _two_passes_triton(kernel, x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
-                       boxes: np.ndarray, columns_first: bool) -> torch.Tensor:
+                       boxes: np.ndarray, columns_first: bool, window: Optional[np.ndarray] = None) -> torch.Tensor:
+    """Both passes, their tables located together and sent in one copy. ``window``: int64 [B, 4]
+    (top, left, height, width) of each resized image to compute, a crop after the resize folded
+    into it: Pillow computes every output pixel of a pass on its own, so the window's pixels
+    alone are the crop of the whole result; a pass's window is an offset into its tables."""
     # x as DALI made it (uint8, any strides) or float32: the kernel reads either, whole numbers
-    if columns_first:
-        rows = _triton_pass(kernel, x, in_hw[:, 1], boxes[:, 1::2], out_hw[:, 1], kinds, along=3)
-        return _triton_pass(kernel, rows, in_hw[:, 0], boxes[:, 0::2], out_hw[:, 0], kinds, along=2)
-    cols = _triton_pass(kernel, x, in_hw[:, 0], boxes[:, 0::2], out_hw[:, 0], kinds, along=2)
-    return _triton_pass(kernel, cols, in_hw[:, 1], boxes[:, 1::2], out_hw[:, 1], kinds, along=3)
+    axes = (1, 0) if columns_first else (0, 1)  # image axis of each pass: 1 width (tensor dim 3), 0 height
+    keys = []
+    for axis in axes:
+        keys += _keys(in_hw[:, axis], boxes[:, axis::2], out_hw[:, axis], kinds)
+    where = kept_tables(x.device).locate(keys).reshape(4, 2, len(x)).transpose(1, 0, 2).copy()  # [pass, 4, B]
+    sizes = [out_hw[:, axis] for axis in axes]
+    if window is not None:
+        for p, axis in enumerate(axes):
+            start = window[:, axis]
+            where[p, 0] += start  # first-pixel table of output pixel ``start``
+            where[p, 1] += start * where[p, 2]  # and its weights (taps per output pixel)
+            where[p, 3] = sizes[p] = window[:, 2 + axis]
+    tables = upload(where, x.device)
+    for p, axis in enumerate(axes):
+        x = _triton_pass(kernel, x, tables[p], int(np.max(sizes[p])), along=3 if axis == 1 else 2)
+    return x
 
 
 def _triton_kernel(x: torch.Tensor):
@@ -128,7 +155,18 @@ def vertical_first(in_hw: np.ndarray, out_hw: np.ndarray) -> np.ndarray:
 
 
 def _two_passes(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray, boxes: np.ndarray,
-                columns_first: bool) -> torch.Tensor:
+                columns_first: bool, window: Optional[np.ndarray] = None) -> torch.Tensor:
+    out = _two_passes_whole(x, in_hw, out_hw, kinds, boxes, columns_first)
+    if window is None:
+        return out
+    cropped = out.new_zeros((out.shape[0], out.shape[1], int(window[:, 2].max()), int(window[:, 3].max())))
+    for i, (top, left, height, width) in enumerate(window.tolist()):
+        cropped[i, :, :height, :width] = out[i, :, top:top + height, left:left + width]
+    return cropped
+
+
+def _two_passes_whole(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
+                      boxes: np.ndarray, columns_first: bool) -> torch.Tensor:
     b, c, h, w = x.shape
     out_h, out_w = int(out_hw[:, 0].max()), int(out_hw[:, 1].max())
     horizontal = _weights(in_hw[:, 1], boxes[:, 1::2], out_hw[:, 1], kinds, w, out_w, x.device)  # [B, out_w, W]
@@ -142,11 +180,12 @@ def _two_passes(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: n
 
 
 def pillow_resize(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
-                  boxes: Optional[np.ndarray] = None) -> torch.Tensor:
+                  boxes: Optional[np.ndarray] = None, window: Optional[np.ndarray] = None) -> torch.Tensor:
     """``Image.resize`` of each sample: x [B, C, H, W] of whole numbers 0..255, sample b valid in
     its top-left in_hw[b] = (height, width), its box boxes[b] = (top, left, bottom, right) (C
     floats; None: the whole image) resized to out_hw[b] with Pillow's filter kinds[b];
-    out [B, C, max height, max width] (float32, zero past each sample's size)."""
+    out [B, C, max height, max width] (float32, zero past each sample's size). ``window``
+    (top, left, height, width) per sample, inside its resized image: that crop of it only."""
     in_hw, out_hw = np.asarray(in_hw, dtype=np.int64), np.asarray(out_hw, dtype=np.int64)
     kinds = np.asarray(kinds, dtype=np.int64)
     if boxes is None:
@@ -156,26 +195,27 @@ def pillow_resize(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds:
     kernel = _triton_kernel(x) if not _FORCE_TORCH_OPS else None
     if kernel is not None:
         try:
-            return _by_order(lambda *a: _two_passes_triton(kernel, *a), x, in_hw, out_hw, kinds, boxes, order)
+            return _by_order(lambda *a: _two_passes_triton(kernel, *a), x, in_hw, out_hw, kinds, boxes, order, window)
         except Exception as e:  # noqa: BLE001 - a build or launch failure must not stop training
             from dali_autoproxy.backends.torch_stage import fused_color
             fused_color.disable(f"the Triton resample kernel failed ({type(e).__name__}: {e})")
-    return _by_order(_two_passes, x, in_hw, out_hw, kinds, boxes, order)
+    return _by_order(_two_passes, x, in_hw, out_hw, kinds, boxes, order, window)
 
 
 _FORCE_TORCH_OPS = False  # tests: the float64 products even where Triton runs
 
 
-def _by_order(two_passes, x, in_hw, out_hw, kinds, boxes, order) -> torch.Tensor:
+def _by_order(two_passes, x, in_hw, out_hw, kinds, boxes, order, window=None) -> torch.Tensor:
     """``two_passes`` on the samples Pillow resizes columns first, then on the others."""
     if not order.any() or order.all():
-        return two_passes(x, in_hw, out_hw, kinds, boxes, not order[0]).to(torch.float32)
-    out = torch.zeros((x.shape[0], x.shape[1], int(out_hw[:, 0].max()), int(out_hw[:, 1].max())),
+        return two_passes(x, in_hw, out_hw, kinds, boxes, not order[0], window).to(torch.float32)
+    size = out_hw if window is None else window[:, 2:4]
+    out = torch.zeros((x.shape[0], x.shape[1], int(size[:, 0].max()), int(size[:, 1].max())),
                       dtype=torch.float32, device=x.device)
     for rows_first in (False, True):
         idx = np.flatnonzero(order == rows_first)
         part = two_passes(x.index_select(0, upload(idx, x.device)), in_hw[idx], out_hw[idx], kinds[idx],
-                          boxes[idx], not rows_first)
+                          boxes[idx], not rows_first, None if window is None else window[idx])
         out[upload(idx, x.device), :, :part.shape[2], :part.shape[3]] = part.to(out.dtype)
     return out
 
@@ -185,6 +225,20 @@ def _pillow_resize(x: torch.Tensor, op: PillowResize, batch: Batch) -> torch.Ten
     p = batch.host[:, op.span("in_height", "filter")].astype(np.int64)
     out = pillow_resize(x, p[:, 0:2], p[:, 2:4], p[:, 4], batch.host[:, op.span("box_top", "box_right")])
     batch.sizes = p[:, 2:4]
+    return out
+
+
+@fused_pair(PillowResize, Crop)
+def _pillow_resize_then_crop(x: torch.Tensor, op: PillowResize, crop: Crop, batch: Batch) -> Optional[torch.Tensor]:
+    """A crop inside every resized image (CenterCrop after Resize) as the resize's window: only
+    the crop's pixels are resampled. A crop that reaches past an image (padding) is left to
+    the crop's own kernel."""
+    p = batch.host[:, op.span("in_height", "filter")].astype(np.int64)
+    window = batch.host[:, crop.span("top", "width")].astype(np.int64)
+    if (window[:, :2] < 0).any() or (window[:, :2] + window[:, 2:] > p[:, 2:4]).any():
+        return None
+    out = pillow_resize(x, p[:, 0:2], p[:, 2:4], p[:, 4], batch.host[:, op.span("box_top", "box_right")], window)
+    batch.sizes = window[:, 2:4]
     return out
 
 

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
+from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, shared, update_rows, upload
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_jitter_kernels
 from dali_autoproxy.plan.ir import AUGMENT_OPS, GEOMETRIC_OPS, TensorAugment
 from dali_autoproxy.plan.tv_internals import tensor_policy_operation, v2_grid_functions
@@ -48,7 +48,7 @@ def _v2_grid(name: str, magnitude: float, h: int, w: int, device: str) -> Option
         center = [0.0 - w * 0.5, 0.0 - h * 0.5] if name.startswith("Shear") else [0.0, 0.0]
         matrix = inverse_matrix(center, 0.0, translate, 1.0, shear)
     theta = torch.tensor(matrix, dtype=torch.float32, device=device).reshape(1, 2, 3)
-    return affine_grid(theta, w=w, h=h, ow=w, oh=h)
+    return shared(affine_grid(theta, w=w, h=h, ow=w, oh=h))
 
 
 def release_grids() -> None:
