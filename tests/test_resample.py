@@ -106,6 +106,29 @@ def test_kept_tables_are_pillows(computed_on_the_device):
     assert len(store.where) < len(asked)  # it started over (12 x ~100k weights asked), and stayed right
 
 
+def test_a_whole_images_tables_come_with_every_size_up_to_a_multiple():
+    """Once an output size and filter has missed twice, a key of a whole image brings its
+    siblings (the other input sizes up to a multiple of SIBLINGS), computed together, each
+    equal to Pillow's; a batch of other crop sizes then computes nothing."""
+    from dali_autoproxy.backends.torch_stage import kept_tables as K
+    from dali_autoproxy.backends.torch_stage import pillow_weights as W
+    store = K.KeptTables(torch.device("cpu"))
+    store.COMPUTED_ON = ("cpu",)
+    store.locate([(300, 0.0, 300.0, 224, 2)])
+    assert len(store.where) == 1  # an output size and filter missed once: only the key asked
+    store.locate([(17, 0.0, 17.0, 224, 2), (300, 0.0, 300.0, 224, 2)])
+    assert len(store.where) == store.SIBLINGS + 1  # 17's siblings: 1..256, and 300
+    keys = [(n, 0.0, float(n), 224, 2) for n in range(1, store.SIBLINGS + 1)]
+    computed = store.n_weights
+    where = store.locate(keys)
+    assert store.n_weights == computed
+    for key, (f_at, w_at, taps, out) in zip(keys, where.T):
+        first, weights = W.axis_weights(*key)
+        assert out == len(first) and taps == weights.shape[1]
+        assert (store.first[f_at:f_at + out].numpy() == first).all()
+        assert (store.weights[w_at:w_at + out * taps].numpy() == weights.ravel()).all()
+
+
 def test_kept_tables_shared_by_threads_stay_right():
     """Two loaders' pipeline threads asking one store for new and shared keys at once (and the
     host tables being cleared under them): every key's table is where the store says."""
