@@ -41,7 +41,7 @@ class KeptTables:
         self.where: Dict[Key, Tuple[int, int, int, int]] = {}  # first offset, weights offset, taps, output size
         self.n_first = self.n_weights = 0
         self._lock = threading.Lock()
-        self._missed: Dict[Tuple[int, int], int] = {}  # (output size, filter): batches that missed a whole image's table
+        self._missed: Dict[Tuple[int, int], int] = {}  # (output size, filter): misses of a whole image
         self._written = torch.cuda.Event() if device.type == "cuda" else None
 
     def locate(self, keys: List[Key]) -> np.ndarray:
