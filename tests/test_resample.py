@@ -107,17 +107,17 @@ def test_kept_tables_are_pillows(computed_on_the_device):
 
 
 def test_a_whole_images_tables_come_with_every_size_up_to_a_multiple():
-    """Once an output size and filter has missed twice, a key of a whole image brings its
-    siblings (the other input sizes up to a multiple of SIBLINGS), computed together, each
-    equal to Pillow's; a batch of other crop sizes then computes nothing."""
+    """A batch missing many whole images' tables at one output size and filter brings their
+    siblings (every input size up to a multiple of SIBLINGS), computed together, each equal to
+    Pillow's; a batch of other crop sizes then computes nothing. A few misses bring none."""
     from dali_autoproxy.backends.torch_stage import kept_tables as K
     from dali_autoproxy.backends.torch_stage import pillow_weights as W
     store = K.KeptTables(torch.device("cpu"))
     store.COMPUTED_ON = ("cpu",)
-    store.locate([(300, 0.0, 300.0, 224, 2)])
-    assert len(store.where) == 1  # an output size and filter missed once: only the key asked
-    store.locate([(17, 0.0, 17.0, 224, 2), (300, 0.0, 300.0, 224, 2)])
-    assert len(store.where) == store.SIBLINGS + 1  # 17's siblings: 1..256, and 300
+    store.locate([(300, 0.0, 300.0, 224, 2), (30, 0.0, 30.0, 341, 2)])
+    assert len(store.where) == 2  # a few misses at an output size and filter: only the keys asked
+    store.locate([(n, 0.0, float(n), 224, 2) for n in range(10, 10 + store.SIBLINGS_AFTER)])
+    assert len(store.where) == store.SIBLINGS + 2  # 1..256 at 224, 300 and the one at 341
     keys = [(n, 0.0, float(n), 224, 2) for n in range(1, store.SIBLINGS + 1)]
     computed = store.n_weights
     where = store.locate(keys)

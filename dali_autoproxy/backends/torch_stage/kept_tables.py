@@ -31,7 +31,8 @@ class KeptTables:
     is regrown or reused only once the device has finished every kernel queued on the old one."""
 
     LIMIT = 1 << 26  # int32 weights (256 MB)
-    SIBLINGS = 256  # a whole image's tables come with those of the other sizes up to a multiple of this
+    SIBLINGS = 256  # a whole image's tables come with those of the other sizes up to a multiple of this,
+    SIBLINGS_AFTER = 8  # where a batch misses this many at one output size and filter
     COMPUTED_ON = ("cuda",)  # device types whose new tables are computed there (tests add "cpu")
 
     def __init__(self, device: torch.device) -> None:
@@ -41,7 +42,6 @@ class KeptTables:
         self.where: Dict[Key, Tuple[int, int, int, int]] = {}  # first offset, weights offset, taps, output size
         self.n_first = self.n_weights = 0
         self._lock = threading.Lock()
-        self._missed: Dict[Tuple[int, int], int] = {}  # (output size, filter): misses of a whole image
         self._written = torch.cuda.Event() if device.type == "cuda" else None
 
     def locate(self, keys: List[Key]) -> np.ndarray:
@@ -59,26 +59,26 @@ class KeptTables:
         return where
 
     def _with_siblings(self, missing: List[Key]) -> List[Key]:
-        """The missing keys, and for each of a whole image (box 0..n) computed on the device its
-        siblings: every input size up to the next multiple of ``SIBLINGS`` at its output size and
-        filter. DALI decodes a RandomResizedCrop's crop, so the stage resizes whole images of
-        every size; computing all of them at once costs the same few launches as computing one,
-        where each batch with a size not seen yet would pay them again (most batches of an epoch).
-        Only for an output size and filter missed before: one drawn per image (RandomResize)
-        would fill the buffers with tables nobody asks for."""
+        """The missing keys, and where ``SIBLINGS_AFTER`` or more of them are whole images (box
+        0..n) computed on the device at one output size and filter, their siblings: every
+        input size up to the next multiple of ``SIBLINGS``. DALI decodes a RandomResizedCrop's
+        crop, so the stage resizes whole images of every size to one output size; computing all
+        of them at once costs the same few launches as computing one, where each batch with a
+        size not seen yet would pay them again (most batches of an epoch). An output size that a
+        batch asks for only a few times (the long side after Resize(256)) brings none: a family
+        per image size would fill the buffers with tables nobody asks for."""
         if self.device.type not in self.COMPUTED_ON:
             return missing
-        tops: Dict[Tuple[int, int], int] = {}
+        families: Dict[Tuple[int, int], List[int]] = {}
         for n, b0, b1, out, kind in missing:
             if kind in _ON_DEVICE and b0 == 0.0 and b1 == float(n):
-                tops[(out, kind)] = max(tops.get((out, kind), 0), n)
+                families.setdefault((out, kind), []).append(n)
         extra: List[Key] = []
-        for (out, kind), n in tops.items():
-            self._missed[(out, kind)] = self._missed.get((out, kind), 0) + 1
-            if self._missed[(out, kind)] < 2:
+        for (out, kind), sizes in families.items():
+            if len(sizes) < self.SIBLINGS_AFTER:
                 continue
-            family = [(m, 0.0, float(m), out, kind) for m in range(1, -(-n // self.SIBLINGS) * self.SIBLINGS + 1)]
-            family = [k for k in family if k not in self.where]
+            top = -(-max(sizes) // self.SIBLINGS) * self.SIBLINGS
+            family = [k for k in ((m, 0.0, float(m), out, kind) for m in range(1, top + 1)) if k not in self.where]
             if int((pw.taps_of(family) * out).sum()) <= self.LIMIT // 8:
                 extra += family
         return list(dict.fromkeys(missing + extra))
