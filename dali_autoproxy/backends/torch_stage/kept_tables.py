@@ -1,7 +1,7 @@
 """Pillow's resampling tables kept on the device the resample kernel runs on.
 
 A batch's tables are looked up by key (input size, box, output size, filter) and only their
-offsets travel: one small copy per pass. Keys not kept yet are computed together: on a CUDA
+offsets travel: one small copy per batch, for both passes. Keys not kept yet are computed together: on a CUDA
 device by float64 torch ops (precompute_coeffs and normalize_coeffs_8bpc in the C's operation
 order, every product and sum its own op, as exact as on the host) and scattered into the
 buffers there, so an epoch of images of many sizes costs the host a few dozen kernel launches
