@@ -214,6 +214,43 @@ def test_the_detection_references_presets_unchanged(coco_root):
 
 
 
+def test_the_detection_references_v1_data_path_unchanged(tmp_path, coco_root):
+    """torchvision's references' v1 path unchanged (TORCHVISION_REFERENCES): ``coco_utils.get_coco``
+    (its CocoDetection and ConvertCocoPolysToMask: boxes, labels, masks from the polygons, image
+    id, area, iscrowd; images without annotations removed) with ``presets.DetectionPresetTrain(
+    use_v2=False)`` of the references' own ``transforms.py``. Targets equal plain's for every
+    augmentation; hflip, lsj, multiscale and ssdlite decode on DALI; ssd's channel shuffle indexes
+    a tensor, so ssd runs in the worker and says so."""
+    where = os.environ.get("TORCHVISION_REFERENCES")
+    if not where:
+        pytest.skip("set TORCHVISION_REFERENCES to the references folder of a pytorch/vision checkout")
+    root, annotations = coco_root
+    os.symlink(os.path.join(root, "images"), tmp_path / "train2017")
+    (tmp_path / "annotations").mkdir()
+    os.symlink(annotations, tmp_path / "annotations" / "instances_train2017.json")
+    sys.path.insert(0, os.path.join(where, "detection"))
+    decodes = {}
+    try:
+        import coco_utils
+        import presets
+        for augmentation in ("hflip", "lsj", "multiscale", "ssd", "ssdlite"):
+            train = presets.DetectionPresetTrain(data_augmentation=augmentation, backend="pil", use_v2=False)
+            ds = coco_utils.get_coco(str(tmp_path), "train", train)
+            kw = dict(collate_fn=collate_fn, batch_size=4, seed=9, shuffle=True)
+            ref = load_all(ds, autoproxy=False, **kw)
+            out = load_all(ds, autoproxy=True, device="cpu", **kw)
+            assert_same_detection(ref, out)
+            rep = last_report()
+            decodes[augmentation] = rep["decode"] if rep["proxied"] else rep["reason"]
+    finally:
+        sys.path.remove(os.path.join(where, "detection"))
+        for name in ("presets", "transforms", "coco_utils"):
+            sys.modules.pop(name, None)
+    assert {k: v for k, v in decodes.items() if k != "ssd"} == dict.fromkeys(
+        ("hflip", "lsj", "multiscale", "ssdlite"), "DALI 100%"), decodes
+    assert "needs pixels (tensor __getitem__)" in decodes["ssd"], decodes
+
+
 def test_the_stage_takes_samples_of_their_own_sizes_as_one_padded_batch():
     """A joint plan's calls on samples of different sizes, padded into one batch: per-pixel calls on
     all at once, a contrast (a mean) on each sample's own region, flips within each sample: equal
@@ -376,3 +413,46 @@ def test_keypoints_are_plains(coco_root):
     assert_same_detection(ref, out)
     rep = last_report()
     assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+
+
+class JointShuffleChannels(torch.nn.Module):
+    """The references' v1 RandomPhotometricDistort in short: a ColorJitter on the PIL image (a
+    chain taken on its own, inside a joint call that is not), then the channels indexed on a
+    tensor (pixels needed), then back to a PIL image."""
+
+    def __init__(self):
+        super().__init__()
+        import torchvision.transforms as T1
+        self.jitter = T1.ColorJitter(brightness=0.3)
+
+    def forward(self, image, target=None):
+        import torchvision.transforms.functional as F
+        image = self.jitter(image)
+        shuffled = F.convert_image_dtype(F.pil_to_tensor(image))[torch.randperm(3), :, :]
+        return F.to_pil_image(shuffled), target
+
+
+class JointPILToTensor(torch.nn.Module):
+    def forward(self, image, target=None):
+        import torchvision.transforms.functional as F
+        return F.pil_to_tensor(image), target
+
+
+class JointToFloat(torch.nn.Module):
+    def forward(self, image, target=None):
+        import torchvision.transforms.functional as F
+        return F.convert_image_dtype(image, torch.float), target
+
+
+def test_a_subsets_batch_that_fails_on_a_proxied_result_runs_plain(coco_root):
+    """The references' v1 ssd shape in a Subset, which fetches its batch with ``__getitems__``:
+    the outer joint call needs pixels and runs as written, a later joint call alone (the tensor
+    conversion) is taken, and the next one fails on its proxied result. The whole batch runs
+    again from the same RNG state with those calls plain: plain's samples, not the dataset's
+    error."""
+    chain = ReferencesStyleCompose([JointShuffleChannels(), JointFlip(), JointPILToTensor(), JointToFloat()])
+    ds = torch.utils.data.Subset(CocoWithTarget(coco_root, chain), range(10))
+    kw = dict(collate_fn=collate_fn, batch_size=4, seed=8, shuffle=True)
+    ref = load_all(ds, autoproxy=False, **kw)
+    out = load_all(ds, autoproxy=True, device="cpu", **kw)
+    assert_same_detection(ref, out)

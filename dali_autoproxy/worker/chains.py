@@ -22,7 +22,7 @@ happens around each fetch.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 from PIL import Image
@@ -194,19 +194,25 @@ def guarded_get(dataset: Any, index: Any) -> Any:
     """``dataset[index]``; if the dataset's own code fails on a proxied result, again with the
     chains it used running plain, from the same torch RNG state (so torchvision draws what it
     would have drawn; Python's and numpy's generators, which cost more to save, go on)."""
+    return _guarded(lambda: dataset[index])
+
+
+def _guarded(fetch: Callable[[], Any]) -> Any:
+    """``fetch()`` (one sample, or a whole batch of a dataset's ``__getitems__``), again as
+    ``guarded_get`` says where the dataset's code failed on a proxied result."""
     router = local.router
     if router is None:
-        return dataset[index]
+        return fetch()
     router.produced.clear()
     rng = torch.get_rng_state()
     try:
-        return dataset[index]
+        return fetch()
     except Exception:
         if not router.produced:
             raise
         router.make_plain(set(router.produced))
         torch.set_rng_state(rng)
-        return dataset[index]
+        return fetch()
 
 
 def guarded_fetch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -216,8 +222,8 @@ def guarded_fetch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     index = args[0]
     if not instance.auto_collation:
         return instance.collate_fn(guarded_get(instance.dataset, index))
-    if getattr(instance.dataset, "__getitems__", None):
-        data = instance.dataset.__getitems__(index)
+    if getattr(instance.dataset, "__getitems__", None):  # a Subset's: the whole batch, guarded as one
+        data = _guarded(lambda: instance.dataset.__getitems__(index))
     else:
         data = [guarded_get(instance.dataset, i) for i in index]
     return instance.collate_fn(data)
