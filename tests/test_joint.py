@@ -172,10 +172,11 @@ def test_a_mask_of_the_wrong_size_raises_plains_error(coco_root):
 
 
 def test_a_joint_chain_that_needs_pixels_runs_as_written_and_says_why(coco_root):
-    """The tensor backend flips a tensor, which a recording cannot: the chain runs in the worker
-    (plain's results) and the report says which joint transform and why; nothing is shown as proxied."""
-    chain = v2.Compose([v2.PILToTensor(), v2.RandomHorizontalFlip(p=1.0), v2.ToDtype(torch.float, scale=True),
-                        v2.SanitizeBoundingBoxes(), v2.ToPureTensor()])
+    """The tensor backend resizes a tensor (torch's resize, not Pillow's), which a recording cannot
+    take: the chain runs in the worker (plain's results) and the report says which joint transform
+    and why; nothing is shown as proxied."""
+    chain = v2.Compose([v2.PILToTensor(), v2.RandomShortestSize(min_size=(160, 192), max_size=400),
+                        v2.ToDtype(torch.float, scale=True), v2.SanitizeBoundingBoxes(), v2.ToPureTensor()])
     ds = coco_dataset(coco_root, Preset(chain))
     ref = load_all(ds, autoproxy=False, collate_fn=collate_fn, batch_size=4, seed=1)
     out = load_all(ds, autoproxy=True, collate_fn=collate_fn, batch_size=4, seed=1, device="cpu")
@@ -183,7 +184,29 @@ def test_a_joint_chain_that_needs_pixels_runs_as_written_and_says_why(coco_root)
     rep = last_report()
     assert not rep["proxied"] and rep["dali_transforms"] == [], rep
     assert rep["reason"].startswith("no sample reached DALI: joint image-and-target transform "), rep
-    assert ": needs pixels (tensor flip) at torchvision/" in rep["reason"], rep  # the preset's or its Compose's
+    assert ": needs pixels (tensor " in rep["reason"] and " at torchvision/" in rep["reason"], rep
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["tensor", "tv_tensor"])
+@pytest.mark.parametrize("augmentation", ["hflip", "ssdlite"])
+def test_the_tensor_backends_crops_and_flips_go_to_dali(coco_root, augmentation, backend, device):
+    """The presets' tensor backends (PILToTensor or ToImage first): v2's crop and flips of the
+    tensor are recorded as the image's, before the tensor steps (a crop with zeros outside and a
+    flip commute with them), so RandomIoUCrop and the flip run on DALI; targets and images plain's."""
+    first = v2.PILToTensor() if backend == "tensor" else v2.ToImage()
+    head = {"hflip": [v2.RandomHorizontalFlip(p=0.5)],
+            "ssdlite": [v2.RandomIoUCrop(), v2.RandomHorizontalFlip(p=0.5)]}[augmentation]
+    chain = v2.Compose([first] + head + [v2.ToDtype(torch.float, scale=True),
+                                         v2.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY),
+                                         v2.SanitizeBoundingBoxes(), v2.ToPureTensor()])
+    ds = coco_dataset(coco_root, Preset(chain))
+    kw = dict(collate_fn=collate_fn, batch_size=4, shuffle=True, seed=12)
+    ref = load_all(ds, autoproxy=False, **kw)
+    out = load_all(ds, autoproxy=True, device=device, **kw)
+    assert_same_detection(ref, out, device)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
 
 
 def test_the_detection_references_presets_unchanged(coco_root):

@@ -110,6 +110,46 @@ def _to_float(name: str):
     return hook
 
 
+_ZERO_KEEPING = frozenset(("to_tensor", "pil_to_tensor", "to_image", "convert_image_dtype", "to_dtype"))  # 0 -> 0
+
+
+def _tensor_crop(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """v2's ``crop`` of a tensor image (RandomIoUCrop, RandomCrop on the tensor backends): outside
+    the image zeros, as Pillow's crop. On a recorded tensor whose steps so far map each pixel on
+    its own and keep 0 at 0 (the conversions to a tensor and to float), the crop is the same
+    before them: recorded as the image's crop, the tensor steps after it."""
+    t = _first(args, kwargs, "image")
+    if type(t) is not RecordingTensor:
+        return wrapped(*args, **kwargs)
+    named = dict(zip(("top", "left", "height", "width"), args[1:]),
+                 **{k: v for k, v in kwargs.items() if k not in ("image", "inpt")})
+    box = [named.get(k) for k in ("top", "left", "height", "width")]
+    if set(named) != {"top", "left", "height", "width"} or not all(type(v) is int for v in box):
+        raise NeedsPixels("tensor crop", _user_frame())
+    top, left, height, width = box
+    tail_at = next((i for i, call in enumerate(t.calls) if call[0] == "tensor"), len(t.calls))
+    tail = t.calls[tail_at:]
+    if height <= 0 or width <= 0 or t.ndim != 3 or any(step[1] not in _ZERO_KEEPING for step in tail):
+        raise NeedsPixels("tensor crop", _user_frame())
+    calls = t.calls[:tail_at] + (("crop", top, left, height, width),) + tail
+    return RecordingTensor.of((t.shape[0], height, width), t.dtype, calls)
+
+
+def _tensor_flip(name: str):
+    """v2's ``horizontal_flip`` / ``vertical_flip`` of a tensor image: a flip commutes with the
+    tensor steps (each maps a pixel on its own), so it is recorded as the image's flip before them."""
+    def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        t = _first(args, kwargs, "image")
+        if type(t) is not RecordingTensor:
+            return wrapped(*args, **kwargs)
+        if len(args) != 1 or set(kwargs) - {"image"} or t.ndim != 3:
+            raise NeedsPixels(f"tensor {name}", _user_frame())
+        tail_at = next((i for i, call in enumerate(t.calls) if call[0] == "tensor"), len(t.calls))
+        calls = t.calls[:tail_at] + ((name, 0.0, 0.0, 0.0),) + t.calls[tail_at:]
+        return RecordingTensor.of(tuple(t.shape), t.dtype, calls)
+    return hook
+
+
 # (owner, attribute, wrapt wrapper): installed in a proxied loader's workers with PILLOW_HOOKS
 TENSOR_HOOKS = [(F1, "to_tensor", _made_tensor("to_tensor", torch.float32)),
                 (F1, "pil_to_tensor", _made_tensor("pil_to_tensor", torch.uint8)),
@@ -117,7 +157,9 @@ TENSOR_HOOKS = [(F1, "to_tensor", _made_tensor("to_tensor", torch.float32)),
                 (F2, "pil_to_tensor", _made_tensor("pil_to_tensor", torch.uint8)),
                 (F1, "normalize", _normalize("v1")), (F2, "normalize", _normalize("v2")),
                 (F1, "convert_image_dtype", _to_float("convert_image_dtype")), (F2, "to_dtype", _to_float("to_dtype"))]
-for _functional, _hook in ((F2.to_dtype, _to_float("to_dtype")), (F2.normalize, _normalize("v2"))):
+for _functional, _hook in ((F2.to_dtype, _to_float("to_dtype")), (F2.normalize, _normalize("v2")),
+                           (F2.crop, _tensor_crop), (F2.horizontal_flip, _tensor_flip("hflip")),
+                           (F2.vertical_flip, _tensor_flip("vflip"))):
     _table = v2_pil_kernels(_functional)  # a v2 transform (ToDtype, Normalize) calls the tensor kernel it dispatches to
     if _table is not None and torch.Tensor in _table:
         TENSOR_HOOKS.append((_table, torch.Tensor, _hook))
