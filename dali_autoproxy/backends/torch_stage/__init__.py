@@ -27,8 +27,7 @@ import torch
 from dali_autoproxy.backends.torch_stage.color import hue_tables
 from dali_autoproxy.backends.torch_stage.geometry import perspective, warp
 from dali_autoproxy.backends.torch_stage.policies import augment
-from dali_autoproxy.backends.torch_stage.registry import FUSED_PAIRS, TORCH_KERNELS, Batch, upload
-from dali_autoproxy.backends.torch_stage.resample import uniform
+from dali_autoproxy.backends.torch_stage.registry import FUSED_PAIRS, TORCH_KERNELS, Batch, uniform, upload
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
 from dali_autoproxy.plan.ir import PillowResize
 

@@ -31,8 +31,8 @@ class KeptTables:
     is regrown or reused only once the device has finished every kernel queued on the old one."""
 
     LIMIT = 1 << 26  # int32 weights (256 MB)
-    SIBLINGS = 256  # a whole image's tables come with those of the other sizes up to a multiple of this,
-    SIBLINGS_AFTER = 8  # where a batch misses this many at one output size and filter
+    SIBLINGS = 256  # a whole image's tables come with those of every size up to a multiple of this ...
+    SIBLINGS_AFTER = 8  # ... where a batch misses this many at one output size and filter
     COMPUTED_ON = ("cuda",)  # device types whose new tables are computed there (tests add "cpu")
 
     def __init__(self, device: torch.device) -> None:

@@ -33,15 +33,7 @@ import torch
 
 from dali_autoproxy.backends.torch_stage import pillow_weights
 from dali_autoproxy.backends.torch_stage.kept_tables import kept_tables
-from dali_autoproxy.backends.torch_stage.registry import (  # noqa: F401
-    Batch,
-    constant,
-    fused_pair,
-    kernel,
-    uniform,
-    upload,
-    valid_sizes,
-)
+from dali_autoproxy.backends.torch_stage.registry import Batch, constant, fused_pair, kernel, upload, valid_sizes
 from dali_autoproxy.plan.ir import Crop, PillowReduce, PillowResize
 
 

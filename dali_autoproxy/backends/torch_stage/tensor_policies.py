@@ -19,7 +19,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, shared, update_rows, upload
+from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_jitter_kernels
 from dali_autoproxy.plan.ir import AUGMENT_OPS, GEOMETRIC_OPS, TensorAugment
 from dali_autoproxy.plan.tv_internals import tensor_policy_operation, v2_grid_functions
@@ -27,10 +27,17 @@ from dali_autoproxy.plan.tv_internals import tensor_policy_operation, v2_grid_fu
 _PER_SAMPLE = ("Brightness", "Color", "Contrast", "Sharpness", "Posterize", "Solarize")
 
 
+def _grid(name: str, magnitude: float, h: int, w: int, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """``_v2_grid`` for a batch ``x`` on its device and the current stream."""
+    stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+    return _v2_grid(name, magnitude, h, w, str(x.device), stream)
+
+
 @functools.lru_cache(maxsize=32)
-def _v2_grid(name: str, magnitude: float, h: int, w: int, device: str) -> Optional[torch.Tensor]:
+def _v2_grid(name: str, magnitude: float, h: int, w: int, device: str, stream: int) -> Optional[torch.Tensor]:
     """The sampling grid v2's affine_image / rotate_image builds for this operation on an h x w
-    image, or None where rotate_image takes a fast path (a multiple of 90 degrees)."""
+    image, or None where rotate_image takes a fast path (a multiple of 90 degrees). Kept per
+    stream: each pipeline's stage runs on its own, and a grid made on one is read there only."""
     affine_grid, inverse_matrix = v2_grid_functions()
     if name == "Rotate":
         angle = magnitude % 360
@@ -48,7 +55,7 @@ def _v2_grid(name: str, magnitude: float, h: int, w: int, device: str) -> Option
         center = [0.0 - w * 0.5, 0.0 - h * 0.5] if name.startswith("Shear") else [0.0, 0.0]
         matrix = inverse_matrix(center, 0.0, translate, 1.0, shear)
     theta = torch.tensor(matrix, dtype=torch.float32, device=device).reshape(1, 2, 3)
-    return shared(affine_grid(theta, w=w, h=h, ow=w, oh=h))
+    return affine_grid(theta, w=w, h=h, ow=w, oh=h)
 
 
 def release_grids() -> None:
@@ -60,7 +67,7 @@ def _geometric(sub: torch.Tensor, keys: List[tuple], op: TensorAugment) -> torch
     """v2's _apply_grid_transform over the group, one grid per sample."""
     from torchvision.transforms.v2.functional._geometry import _apply_grid_transform
     h, w = sub.shape[-2:]
-    grids = torch.cat([_v2_grid(name, m, h, w, str(sub.device)) for name, m in keys])
+    grids = torch.cat([_grid(name, m, h, w, sub) for name, m in keys])
     fill = list(op.fill) if isinstance(op.fill, tuple) else op.fill
     return _apply_grid_transform(sub, grids, op.interpolation, fill)
 
@@ -111,7 +118,7 @@ def tensor_augment(x: torch.Tensor, op: TensorAugment, host, integer: bool) -> t
         if name == "Identity":
             continue
         geometric = batched and name in GEOMETRIC_OPS
-        if geometric and _v2_grid(name, float(m), x.shape[-2], x.shape[-1], str(x.device)) is not None:
+        if geometric and _grid(name, float(m), x.shape[-2], x.shape[-1], x) is not None:
             key = ("geometric",)
         elif batched and name in _PER_SAMPLE:
             key = (name,)
