@@ -274,6 +274,60 @@ def test_the_detection_references_v1_data_path_unchanged(tmp_path, coco_root):
     assert "needs pixels (tensor __getitem__)" in decodes["ssd"], decodes
 
 
+def _references_module_path(folder):
+    where = os.environ.get("TORCHVISION_REFERENCES")
+    if not where:
+        pytest.skip("set TORCHVISION_REFERENCES to the references folder of a pytorch/vision checkout")
+    return os.path.join(where, folder)
+
+
+@pytest.mark.parametrize("source,use_v2", [("voc", False), ("coco", False), ("coco", True)])
+def test_the_segmentation_references_presets_unchanged(tmp_path, coco_root, source, use_v2):
+    """torchvision's own ``references/segmentation`` (TORCHVISION_REFERENCES): ``presets.py``'s
+    train and eval presets, v1 (its ``transforms.py``: Python's ``random``, the PIL mask resized
+    with NEAREST, padded with 255) and v2 (``v2_extras.PadIfSmaller``), over a VOC-format set
+    and ``coco_utils.get_coco`` (its category remap, the polygons merged into one mask, the
+    images without annotations removed; v2: ``CocoDetectionToVOCSegmentation``), as its
+    ``train.py`` builds them. Masks bit-equal to plain's, images within Normalize's float32
+    rounding, decode on DALI."""
+    folder = _references_module_path("segmentation")
+    if source == "coco":
+        root, annotations = coco_root
+        os.symlink(os.path.join(root, "images"), tmp_path / "train2017")
+        (tmp_path / "annotations").mkdir()
+        os.symlink(annotations, tmp_path / "annotations" / "instances_train2017.json")
+    else:
+        make_voc(str(tmp_path))
+    sys.path.insert(0, folder)
+    try:
+        import presets
+        for train in (True, False):
+            preset = (presets.SegmentationPresetTrain(base_size=160, crop_size=128, use_v2=use_v2) if train
+                      else presets.SegmentationPresetEval(base_size=160, use_v2=use_v2))
+            if source == "coco":
+                import coco_utils
+                ds = coco_utils.get_coco(str(tmp_path), "train", preset, use_v2=use_v2)
+            else:
+                ds = VOCSegmentation(str(tmp_path), image_set="train", transforms=preset)
+            kw = dict(batch_size=4, seed=3, shuffle=True) if train else dict(batch_size=4, collate_fn=collate_fn)
+            ref = load_all(ds, autoproxy=False, **kw)
+            out = load_all(ds, autoproxy=True, device="cpu", **kw)
+            assert len(ref) == len(out) > 0
+            for (xa, ma), (xb, mb) in zip(ref, out):
+                if not train:
+                    assert [x.shape for x in xa] == [x.shape for x in xb]
+                    xa, xb = torch.cat([x.flatten() for x in xa]), torch.cat([x.flatten() for x in xb])
+                    ma, mb = torch.cat([m.flatten() for m in ma]), torch.cat([m.flatten() for m in mb])
+                assert ma.dtype == mb.dtype and torch.equal(ma, mb)
+                assert xa.shape == xb.shape and float((xa - xb).abs().max()) < 1e-5
+            rep = last_report()
+            assert rep["proxied"] and rep["decode"] == "DALI 100%", (train, rep)
+    finally:
+        sys.path.remove(folder)
+        for name in ("presets", "transforms", "coco_utils", "v2_extras"):
+            sys.modules.pop(name, None)
+
+
 def test_the_stage_takes_samples_of_their_own_sizes_as_one_padded_batch():
     """A joint plan's calls on samples of different sizes, padded into one batch: per-pixel calls on
     all at once, a contrast (a mean) on each sample's own region, flips within each sample: equal

@@ -19,6 +19,7 @@ import torchvision.transforms as T
 import torchvision.transforms.functional as F1
 import torchvision.transforms.v2 as v2
 import torchvision.transforms.v2.functional as F2
+from torchvision import tv_tensors
 
 from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, _needs_pixels, _user_frame, recording
 from dali_autoproxy.plan.tv_internals import v2_pil_kernels
@@ -34,13 +35,16 @@ class RecordingTensor(torch.Tensor):
     stands_in_for = torch.Tensor  # what torchvision's exact-type lookups (v2's fills) see
 
     @staticmethod
-    def of(shape: Tuple[int, ...], dtype: torch.dtype, calls: Tuple[Any, ...]) -> "RecordingTensor":
+    def of(shape: Tuple[int, ...], dtype: torch.dtype, calls: Tuple[Any, ...],
+           stands_in_for: type = torch.Tensor) -> "RecordingTensor":
         t = torch.empty(shape, dtype=dtype, device="meta").as_subclass(RecordingTensor)
         t.calls = calls
+        t.stands_in_for = stands_in_for  # v2's to_image makes a tv_tensors.Image
         return t
 
     def then(self, *spec: Any, dtype: Any = None) -> "RecordingTensor":
-        return RecordingTensor.of(tuple(self.shape), dtype or self.dtype, self.calls + (("tensor",) + spec,))
+        return RecordingTensor.of(tuple(self.shape), dtype or self.dtype, self.calls + (("tensor",) + spec,),
+                                  self.stands_in_for)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -68,7 +72,7 @@ def _first(args: tuple, kwargs: dict, name: str) -> Any:
     return args[0] if args else kwargs.get(name, kwargs.get("image"))  # a v2 kernel names it ``image``
 
 
-def _made_tensor(name: str, dtype: torch.dtype):
+def _made_tensor(name: str, dtype: torch.dtype, stands_in_for: type = torch.Tensor):
     """A hook of a function that makes a CHW tensor of a PIL image (to_tensor, pil_to_tensor, to_image)."""
     def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         img = args[0] if args else None
@@ -77,7 +81,7 @@ def _made_tensor(name: str, dtype: torch.dtype):
         if img.mode != "RGB":
             raise _needs_pixels()
         width, height = img.size
-        return RecordingTensor.of((3, height, width), dtype, img.calls + (("tensor", name),))
+        return RecordingTensor.of((3, height, width), dtype, img.calls + (("tensor", name),), stands_in_for)
     return hook
 
 
@@ -132,7 +136,7 @@ def _tensor_crop(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if height <= 0 or width <= 0 or t.ndim != 3 or any(step[1] not in _ZERO_KEEPING for step in tail):
         raise NeedsPixels("tensor crop", _user_frame())
     calls = t.calls[:tail_at] + (("crop", top, left, height, width),) + tail
-    return RecordingTensor.of((t.shape[0], height, width), t.dtype, calls)
+    return RecordingTensor.of((t.shape[0], height, width), t.dtype, calls, t.stands_in_for)
 
 
 def _tensor_flip(name: str):
@@ -146,17 +150,32 @@ def _tensor_flip(name: str):
             raise NeedsPixels(f"tensor {name}", _user_frame())
         tail_at = next((i for i, call in enumerate(t.calls) if call[0] == "tensor"), len(t.calls))
         calls = t.calls[:tail_at] + ((name, 0.0, 0.0, 0.0),) + t.calls[tail_at:]
-        return RecordingTensor.of(tuple(t.shape), t.dtype, calls)
+        return RecordingTensor.of(tuple(t.shape), t.dtype, calls, t.stands_in_for)
     return hook
+
+
+def _to_dtype_per_type(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """v2's ``ToDtype`` given a dtype per type (the segmentation references' ``{tv_tensors.Image
+    or torch.Tensor: float32, Mask: int64, "others": None}``) looks the input's exact type up: a
+    recorded tensor gets the dtype of the type it stands in for, as plain's tensor would."""
+    inpt = args[0] if args else kwargs.get("inpt")
+    dtypes = getattr(instance, "dtype", None)
+    if type(inpt) is not RecordingTensor or not isinstance(dtypes, dict) or inpt.stands_in_for not in dtypes:
+        return wrapped(*args, **kwargs)  # its "others" entry, or torchvision's own error
+    dtype = dtypes[inpt.stands_in_for]
+    if dtype is None:
+        return inpt
+    return instance._call_kernel(F2.to_dtype, inpt, dtype=dtype, scale=instance.scale)
 
 
 # (owner, attribute, wrapt wrapper): installed in a proxied loader's workers with PILLOW_HOOKS
 TENSOR_HOOKS = [(F1, "to_tensor", _made_tensor("to_tensor", torch.float32)),
                 (F1, "pil_to_tensor", _made_tensor("pil_to_tensor", torch.uint8)),
-                (F2, "to_image", _made_tensor("to_image", torch.uint8)),
+                (F2, "to_image", _made_tensor("to_image", torch.uint8, tv_tensors.Image)),
                 (F2, "pil_to_tensor", _made_tensor("pil_to_tensor", torch.uint8)),
                 (F1, "normalize", _normalize("v1")), (F2, "normalize", _normalize("v2")),
-                (F1, "convert_image_dtype", _to_float("convert_image_dtype")), (F2, "to_dtype", _to_float("to_dtype"))]
+                (F1, "convert_image_dtype", _to_float("convert_image_dtype")), (F2, "to_dtype", _to_float("to_dtype")),
+                (v2.ToDtype, "transform" if "transform" in vars(v2.ToDtype) else "_transform", _to_dtype_per_type)]
 for _functional, _hook in ((F2.to_dtype, _to_float("to_dtype")), (F2.normalize, _normalize("v2")),
                            (F2.crop, _tensor_crop), (F2.horizontal_flip, _tensor_flip("hflip")),
                            (F2.vertical_flip, _tensor_flip("vflip"))):
