@@ -24,7 +24,7 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loader_benchmark import auto_warmup  # noqa: E402
+from loader_benchmark import ThreadClock, auto_warmup  # noqa: E402
 from results_io import write_results  # noqa: E402
 
 MEAN = (123.0, 117.0, 104.0)
@@ -168,10 +168,14 @@ def run(task: str, mode: str, args) -> dict:
                             args.workers, args.batch)
         warmup = auto_warmup(args.workers, len(loader)) if mode == "autoproxy" else min(2 * args.workers,
                                                                                         len(loader) // 3)
-        rate = timed(loader, warmup)
+        with ThreadClock(args.thread_times and mode == "autoproxy") as clock:
+            rate = timed(loader, warmup)
         rep = dali_autoproxy.report()[-1] if mode == "autoproxy" else {}
-        return {"task": task, "mode": mode, "images_per_s": rate, "proxied": rep.get("proxied"),
-                "decode": rep.get("decode"), "reason": rep.get("reason")}
+        row = {"task": task, "mode": mode, "images_per_s": rate, "proxied": rep.get("proxied"),
+               "decode": rep.get("decode"), "reason": rep.get("reason")}
+        if clock.enabled:
+            row["thread_times"] = clock.summary()
+        return row
     finally:
         dali_autoproxy.disable()
 
@@ -226,6 +230,9 @@ def main(argv=None) -> None:
                                                    "segmentation"])
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "detection_h200.json"))
+    ap.add_argument("--thread-times", action="store_true",
+                    help="autoproxy rows: the pipeline thread's time per batch in DALI's outputs and the torch "
+                         "stage, and the main thread's busy share (loader_benchmark.ThreadClock)")
     ap.add_argument("--profile", default=None, metavar="TASK",
                     help="only profile autoproxy's pipeline thread on TASK (one epoch): OUT's stem + .profile.txt")
     args = ap.parse_args(argv)

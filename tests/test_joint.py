@@ -242,8 +242,8 @@ def test_the_detection_references_v1_data_path_unchanged(tmp_path, coco_root):
     (its CocoDetection and ConvertCocoPolysToMask: boxes, labels, masks from the polygons, image
     id, area, iscrowd; images without annotations removed) with ``presets.DetectionPresetTrain(
     use_v2=False)`` of the references' own ``transforms.py``. Targets equal plain's for every
-    augmentation; hflip, lsj, multiscale and ssdlite decode on DALI; ssd's channel shuffle indexes
-    a tensor, so ssd runs in the worker and says so."""
+    augmentation, and every one decodes on DALI (ssd's channel shuffle, which goes through a
+    float tensor and back to a PIL image, recorded as the image's channel permutation)."""
     where = os.environ.get("TORCHVISION_REFERENCES")
     if not where:
         pytest.skip("set TORCHVISION_REFERENCES to the references folder of a pytorch/vision checkout")
@@ -269,9 +269,7 @@ def test_the_detection_references_v1_data_path_unchanged(tmp_path, coco_root):
         sys.path.remove(os.path.join(where, "detection"))
         for name in ("presets", "transforms", "coco_utils"):
             sys.modules.pop(name, None)
-    assert {k: v for k, v in decodes.items() if k != "ssd"} == dict.fromkeys(
-        ("hflip", "lsj", "multiscale", "ssdlite"), "DALI 100%"), decodes
-    assert "needs pixels (tensor __getitem__)" in decodes["ssd"], decodes
+    assert decodes == dict.fromkeys(("hflip", "lsj", "multiscale", "ssd", "ssdlite"), "DALI 100%"), decodes
 
 
 def _references_module_path(folder):
@@ -464,6 +462,49 @@ def test_users_own_joint_classes_go_to_dali(coco_root, device):
     assert rep["dali_transforms"][1:] == ["ReferencesStyleCompose with its targets"], rep
 
 
+class JointChannelShuffle(torch.nn.Module):
+    """The detection references' v1 channel shuffle as users copy it: a PIL image through a
+    float tensor, its channels indexed, back to a PIL image (``order`` fixed: a repeated channel
+    is no permutation)."""
+
+    def __init__(self, order=None):
+        super().__init__()
+        self.order = order
+
+    def forward(self, image, target=None):
+        import torchvision.transforms.functional as F
+        if torch.rand(1) < 0.5:
+            order = torch.randperm(3) if self.order is None else torch.tensor(self.order)
+            image = F.convert_image_dtype(F.pil_to_tensor(image))
+            image = F.to_pil_image(image[..., order, :, :])
+        return image, target
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_channel_shuffle_through_a_tensor_goes_to_dali(coco_root, device):
+    """PIL -> float tensor -> channels indexed -> PIL is the image's channel permutation (every
+    uint8 value survives the float round trip): recorded, decoded on DALI, plain's pixels."""
+    chain = ReferencesStyleCompose([JointChannelShuffle(), JointFlip(), JointToTensor()])
+    ds = CocoWithTarget(coco_root, chain)
+    kw = dict(collate_fn=collate_fn, batch_size=4, seed=4, shuffle=True)
+    ref = load_all(ds, autoproxy=False, **kw)
+    out = load_all(ds, autoproxy=True, device=device, **kw)
+    assert_same_detection(ref, out, device)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+
+
+def test_a_repeated_channel_index_needs_pixels(coco_root):
+    chain = ReferencesStyleCompose([JointChannelShuffle(order=[0, 0, 2]), JointToTensor()])
+    ds = CocoWithTarget(coco_root, chain)
+    kw = dict(collate_fn=collate_fn, batch_size=4, seed=4)
+    ref = load_all(ds, autoproxy=False, **kw)
+    out = load_all(ds, autoproxy=True, device="cpu", **kw)
+    assert_same_detection(ref, out)
+    rep = last_report()  # the shuffled samples: decoded in the worker, for that reason
+    assert rep["decode_on_dali"] and "needs pixels (tensor __getitem__)" in rep["decode"], rep
+
+
 class WithKeypoints(JPEGFiles):
     """Samples with boxes and keypoints (v2's ``tv_tensors.KeyPoints``) through a v2 chain."""
 
@@ -494,8 +535,8 @@ def test_keypoints_are_plains(coco_root):
 
 class JointShuffleChannels(torch.nn.Module):
     """The references' v1 RandomPhotometricDistort in short: a ColorJitter on the PIL image (a
-    chain taken on its own, inside a joint call that is not), then the channels indexed on a
-    tensor (pixels needed), then back to a PIL image."""
+    chain taken on its own, inside a joint call that is not), then the channels rolled on a
+    tensor (``torch.roll``: pixels needed), then back to a PIL image."""
 
     def __init__(self):
         super().__init__()
@@ -505,7 +546,7 @@ class JointShuffleChannels(torch.nn.Module):
     def forward(self, image, target=None):
         import torchvision.transforms.functional as F
         image = self.jitter(image)
-        shuffled = F.convert_image_dtype(F.pil_to_tensor(image))[torch.randperm(3), :, :]
+        shuffled = F.convert_image_dtype(F.pil_to_tensor(image)).roll(int(torch.randint(1, 3, (1,))), dims=0)
         return F.to_pil_image(shuffled), target
 
 

@@ -54,7 +54,36 @@ class RecordingTensor(torch.Tensor):
         if not recording.active:
             raise RuntimeError("dali_autoproxy: a tensor recorded for a transform was used after the transform "
                                "returned; enable(record='off') leaves such transforms in the worker")
+        if func is torch.Tensor.__getitem__ and len(args) == 2 and not kwargs:
+            shuffled = _channels_indexed(args[0], args[1])
+            if shuffled is not None:
+                return shuffled
         raise NeedsPixels(f"tensor {getattr(func, '__name__', func)}", _user_frame())
+
+    def tail_at(self) -> int:
+        """Where the tensor steps begin in ``calls`` (the image's own calls before them)."""
+        return next((i for i, call in enumerate(self.calls) if call[0] == "tensor"), len(self.calls))
+
+
+def _channels_indexed(t: "RecordingTensor", index: Any) -> Any:
+    """``t[..., order, :, :]`` with ``order`` a permutation of the three channels (the detection
+    references' v1 RandomPhotometricDistort): after tensor steps that map each value on its own,
+    alike in every channel, it is the image's channel permutation before them; else None."""
+    index = index if isinstance(index, tuple) else (index,)
+    if index and index[0] is Ellipsis:
+        index = index[1:]
+    if t.ndim != 3 or not index or len(index) > 3 or any(
+            not (isinstance(k, slice) and k == slice(None)) for k in index[1:]):
+        return None
+    try:
+        order = [int(k) for k in index[0]]
+    except (TypeError, ValueError):
+        return None
+    head = t.tail_at()
+    if sorted(order) != [0, 1, 2] or any(step[1] not in _ZERO_KEEPING for step in t.calls[head:]):
+        return None
+    calls = t.calls[:head] + (("permute",) + tuple(float(k) for k in order),) + t.calls[head:]
+    return RecordingTensor.of(tuple(t.shape), t.dtype, calls, t.stands_in_for)
 
 
 def equivalent(spec: Tuple[Any, ...]) -> Any:
@@ -131,7 +160,7 @@ def _tensor_crop(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if set(named) != {"top", "left", "height", "width"} or not all(type(v) is int for v in box):
         raise NeedsPixels("tensor crop", _user_frame())
     top, left, height, width = box
-    tail_at = next((i for i, call in enumerate(t.calls) if call[0] == "tensor"), len(t.calls))
+    tail_at = t.tail_at()
     tail = t.calls[tail_at:]
     if height <= 0 or width <= 0 or t.ndim != 3 or any(step[1] not in _ZERO_KEEPING for step in tail):
         raise NeedsPixels("tensor crop", _user_frame())
@@ -148,10 +177,30 @@ def _tensor_flip(name: str):
             return wrapped(*args, **kwargs)
         if len(args) != 1 or set(kwargs) - {"image"} or t.ndim != 3:
             raise NeedsPixels(f"tensor {name}", _user_frame())
-        tail_at = next((i for i, call in enumerate(t.calls) if call[0] == "tensor"), len(t.calls))
+        tail_at = t.tail_at()
         calls = t.calls[:tail_at] + ((name, 0.0, 0.0, 0.0),) + t.calls[tail_at:]
         return RecordingTensor.of(tuple(t.shape), t.dtype, calls, t.stands_in_for)
     return hook
+
+
+_BACK_TO_THE_SAME_IMAGE = {("pil_to_tensor",), ("to_tensor",), ("pil_to_tensor", "convert_image_dtype")}
+
+
+def _to_pil_image(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """v1's ``to_pil_image`` of a recorded tensor made of the image by ``pil_to_tensor`` (and
+    ``convert_image_dtype`` to float) or ``to_tensor``: every one of the 256 values comes back as
+    it was (``round(v / 255 * 255)`` truncated is ``v`` in float32), so the image is the
+    recording image of the calls before the tensor steps."""
+    pic = args[0] if args else kwargs.get("pic")
+    if type(pic) is not RecordingTensor:
+        return wrapped(*args, **kwargs)
+    mode = args[1] if len(args) > 1 else kwargs.get("mode")
+    head = pic.tail_at()
+    steps = tuple(step[1] for step in pic.calls[head:])
+    if (len(args) > 2 or set(kwargs) - {"pic", "mode"} or mode not in (None, "RGB") or pic.ndim != 3
+            or pic.shape[0] != 3 or steps not in _BACK_TO_THE_SAME_IMAGE):
+        raise NeedsPixels("tensor to_pil_image", _user_frame())
+    return RecordingImage((int(pic.shape[2]), int(pic.shape[1])), "RGB", pic.calls[:head])
 
 
 def _to_dtype_per_type(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -175,6 +224,7 @@ TENSOR_HOOKS = [(F1, "to_tensor", _made_tensor("to_tensor", torch.float32)),
                 (F2, "pil_to_tensor", _made_tensor("pil_to_tensor", torch.uint8)),
                 (F1, "normalize", _normalize("v1")), (F2, "normalize", _normalize("v2")),
                 (F1, "convert_image_dtype", _to_float("convert_image_dtype")), (F2, "to_dtype", _to_float("to_dtype")),
+                (F1, "to_pil_image", _to_pil_image),
                 (v2.ToDtype, "transform" if "transform" in vars(v2.ToDtype) else "_transform", _to_dtype_per_type)]
 for _functional, _hook in ((F2.to_dtype, _to_float("to_dtype")), (F2.normalize, _normalize("v2")),
                            (F2.crop, _tensor_crop), (F2.horizontal_flip, _tensor_flip("hflip")),

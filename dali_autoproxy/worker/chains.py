@@ -53,6 +53,7 @@ class ChainRouter:
         self.produced: List[int] = []  # ids of chains that made ProxySamples during this fetch
         self.passed_over: Dict[str, int] = {}  # calls not taken over since the last batch, by why
         self.taken = 0  # calls that made a ProxySample since the last batch
+        self.declined: Optional[str] = None  # why the last joint call left to run as written was left
 
     def batch_done(self, batch: Any) -> Any:
         """The collated batch, as an :class:`Unrouted` carrying why where no call was taken."""
@@ -137,7 +138,7 @@ def _take_joint(router: ChainRouter, instance: Any, args: tuple, kwargs: dict, j
     else:
         local.depth += 1  # the transform's own calls, made while it is recorded, are not taken
         try:
-            out = node(args, kwargs)
+            out = node(args, kwargs, decoded_because=local.declined)
         finally:
             local.depth -= 1
         if out is not NOT_TAKEN:
@@ -146,6 +147,7 @@ def _take_joint(router: ChainRouter, instance: Any, args: tuple, kwargs: dict, j
             return out
         why = node.why
     router.passed_over[why] = router.passed_over.get(why, 0) + 1
+    router.declined = why
     return NOT_TAKEN
 
 
@@ -156,12 +158,18 @@ def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
         return wrapped(*args, **kwargs)
     joint = _joint_call(instance, args, kwargs)
     users_class = joint_class(type(instance)) and not is_chain(instance)  # a registered equivalent is a chain
+    declined = local.declined
     if joint is not None:
         out = _take_joint(router, instance, args, kwargs, joint)
         if out is not NOT_TAKEN:
             return out
+        declined = router.declined
     if users_class:  # a user's two-argument class: run as written, the chain calls inside it may be taken
-        return wrapped(*args, **kwargs)
+        before, local.declined = local.declined, declined  # an image decoded inside it was decoded for it
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            local.declined = before
     if joint is not None or kwargs or len(args) != 1:
         local.depth += 1  # the chain's own calls inside are not taken either
         try:

@@ -132,7 +132,9 @@ class JointNode:
             return
         self.plan = plan
 
-    def __call__(self, args: tuple, kwargs: dict) -> Any:
+    def __call__(self, args: tuple, kwargs: dict, decoded_because: Optional[str] = None) -> Any:
+        """``decoded_because``: why the joint call this one runs inside was left as written (the
+        reason its image, if decoded, was decoded in the worker)."""
         leaves, spec = flatten((args, kwargs))
         at, why = _the_image(leaves)
         if at is None:
@@ -156,7 +158,7 @@ class JointNode:
                 else:
                     payload = np.asarray(img)  # Pillow decodes here; DALI still runs the ops
                     params, shape = self.plan.draw_sample(*payload.shape[:2])
-                    kind, why, path, data = RAW, _why_decoded_here(img), None, None
+                    kind, why, path, data = RAW, decoded_because or _why_decoded_here(img), None, None
             except TransformRaised:  # a real error of the transform: plain raises it
                 set_rng_states(states)
                 self.why = f"{self.name} raised on this sample: it ran as written"

@@ -16,6 +16,7 @@ from typing import Any, Iterator, Optional
 class _Local(threading.local):
     router: Optional[Any] = None  # a ChainRouter while a proxied fetch runs in this thread
     depth: int = 0  # > 0 while a chain runs for real: the calls inside it are not taken
+    declined: Optional[str] = None  # why the joint call this one runs inside was left as written
 
 
 local = _Local()
