@@ -139,6 +139,30 @@ class Unrouted:
         return self
 
 
+INLINE_BYTES = 1 << 16  # CPU tensors of a sample this small travel inside the batch's pickle
+_NUMPY_DTYPES = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                           torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128))
+
+
+class InlineTensor:
+    """A small CPU tensor of a sample (a detection target's boxes, labels, id) carried as its
+    bytes. Through the DataLoader's result queue each tensor is otherwise a shared-memory file of
+    its own, which the worker makes and the main process maps: for a few bytes that costs far
+    more than the copy (a detection batch has a few tensors per sample)."""
+    __slots__ = ("array",)
+
+    def __init__(self, t: torch.Tensor):
+        self.array = t.numpy()
+
+    @staticmethod
+    def fits(x: Any) -> bool:
+        return (type(x) is torch.Tensor and x.device.type == "cpu" and x.layout == torch.strided
+                and not x.requires_grad and x.dtype in _NUMPY_DTYPES and x.numel() * x.element_size() <= INLINE_BYTES)
+
+    def tensor(self) -> torch.Tensor:
+        return torch.from_numpy(self.array)
+
+
 class Slot:
     """Where a proxied image goes back: row ``row`` of the ``batch``-th ProxyBatch."""
     __slots__ = ("batch", "row")
@@ -151,7 +175,7 @@ class ProxyCollated:
     """What a worker sends in place of the user's collated batch."""
 
     def __init__(self, samples: List[Any], batches: List[ProxyBatch], rng: tuple):
-        self.samples = samples   # the dataset's samples, proxied images replaced by Slots
+        self.samples = samples   # the dataset's samples, proxied images replaced by Slots, small tensors inline
         self.batches = batches   # one ProxyBatch per position holding proxied images
         self.rng = rng           # the worker's (torch, random, numpy) states before the collate
 

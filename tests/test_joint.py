@@ -348,6 +348,42 @@ def test_the_stage_takes_samples_of_their_own_sizes_as_one_padded_batch():
         assert torch.equal(together[k], alone), k
 
 
+@pytest.mark.parametrize("sliced", [False, True])
+def test_a_pad_then_a_crop_inside_it_is_one_crop(sliced, monkeypatch):
+    """RandomZoomOut's canvas then RandomIoUCrop inside it, with unused recorded-call positions
+    between them: one crop of the image at the composed box, the fill outside the image; equal
+    to the two crops run one after the other, by the gather and by the per-sample copies; a
+    second box that leaves the first runs both crops."""
+    import numpy as np
+    from photos import photographs
+
+    from dali_autoproxy.backends.torch_stage import TorchStage, resample
+    from dali_autoproxy.plan.ir import Crop
+    from dali_autoproxy.plan.pillow_ops import CALL_CODE, RaggedPillowCall
+    monkeypatch.setattr(resample, "SLICED_CROP_PIXELS", 0 if sliced else 1 << 40)
+    photo = photographs()[0]
+    samples = [torch.from_numpy(np.ascontiguousarray(photo[:h, :w])) for h, w in ((40, 64), (57, 33), (21, 90))]
+    ops = [Crop(0, fill=(123.0, 117.0, 104.0)), RaggedPillowCall(4), Crop(8), RaggedPillowCall(12)]
+    canvases = [[-10, -7, 61, 80], [0, 0, 57, 33], [-30, -5, 90, 110]]  # (top, left, height, width)
+    for inner, fused in (([[3, 2, 50, 70], [5, 6, 20, 20], [0, 0, 90, 110]], True),
+                         ([[3, 2, 60, 70], [5, 6, 20, 20], [0, 0, 90, 110]], False)):  # 3 + 60 > 61: not fused
+        rows = np.zeros((3, 16))
+        rows[:, 0:4], rows[:, 8:12] = canvases, inner
+        rows[1, 12:16] = [CALL_CODE["brightness"], 1.3, 0, 0]  # after the crops: used
+        calls = []
+        real = resample.crop_boxes
+        monkeypatch.setattr(resample, "crop_boxes", lambda *a: calls.append(1) or real(*a))
+        together = TorchStage(ops)(samples, rows)
+        assert len(calls) == (1 if fused else 2)
+        import dali_autoproxy.backends.torch_stage as stage
+        monkeypatch.setattr(stage, "crop_through_crop", lambda *a: None)
+        apart = TorchStage(ops)(samples, rows)
+        monkeypatch.undo()
+        monkeypatch.setattr(resample, "SLICED_CROP_PIXELS", 0 if sliced else 1 << 40)
+        for a, b in zip(together, apart):
+            assert torch.equal(a, b)
+
+
 def test_joint_shapes_merge_into_one_supersequence():
     from dali_autoproxy.plan.translate.recorded import _supersequence
     assert _supersequence(("pad", "crop", "hflip"), ("crop", "vflip")) == ("pad", "crop", "hflip", "vflip")

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List
 import torch
 from torch.utils.data import default_collate
 
-from dali_autoproxy.transport import ProxyBatch, ProxyCollated, Slot
+from dali_autoproxy.transport import InlineTensor, ProxyBatch, ProxyCollated, Slot
 from dali_autoproxy.tree import flatten, map_leaves
 from dali_autoproxy.worker.collate import rng_states, set_rng_states
 
@@ -18,8 +18,9 @@ from dali_autoproxy.worker.collate import rng_states, set_rng_states
 def finish(pc: ProxyCollated, outputs: List[List[torch.Tensor]], user_collate: Callable[[List[Any]], Any]) -> Any:
     """In the main process: the samples with DALI's tensors in place, through the user's
     collate under the worker's random states (the main process's own are kept)."""
-    samples = [map_leaves(s, lambda _, slot: outputs[slot.batch][slot.row], lambda x: isinstance(x, Slot))
-               for s in pc.samples]
+    def put(_: Any, leaf: Any) -> Any:
+        return outputs[leaf.batch][leaf.row] if type(leaf) is Slot else leaf.tensor()
+    samples = [map_leaves(s, put, lambda x: isinstance(x, (Slot, InlineTensor))) for s in pc.samples]
     own = rng_states()
     set_rng_states(pc.rng)
     try:

@@ -34,7 +34,7 @@ from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 
 from dali_autoproxy.config import logger
-from dali_autoproxy.transport import ENCODED, ProxyBatch, ProxyCollated, ProxyGroup, ProxySample, Slot
+from dali_autoproxy.transport import ENCODED, InlineTensor, ProxyBatch, ProxyCollated, ProxyGroup, ProxySample, Slot
 from dali_autoproxy.tree import Path, flatten, map_leaves, unflatten
 from dali_autoproxy.worker.routing import local
 
@@ -96,6 +96,7 @@ class CollateInMain:
                             getattr(self.user_collate, "__name__", self.user_collate), type(exc).__name__, exc)
         with packing_once():
             batches = [collate_proxy_samples(positions[p]) for p in order]
+        skeleton = [map_leaves(sample, lambda _, t: InlineTensor(t), InlineTensor.fits) for sample in skeleton]
         return _done(ProxyCollated(skeleton, batches, rng))
 
 

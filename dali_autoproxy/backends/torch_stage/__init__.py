@@ -28,8 +28,9 @@ from dali_autoproxy.backends.torch_stage.color import hue_tables
 from dali_autoproxy.backends.torch_stage.geometry import perspective, warp
 from dali_autoproxy.backends.torch_stage.policies import augment
 from dali_autoproxy.backends.torch_stage.registry import FUSED_PAIRS, TORCH_KERNELS, Batch, uniform, upload
+from dali_autoproxy.backends.torch_stage.resample import crop_through_crop
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
-from dali_autoproxy.plan.ir import PillowResize
+from dali_autoproxy.plan.ir import Crop, PillowResize
 
 # every module of this package registers its kernels when imported (the Triton ones load lazily)
 for _module in pkgutil.iter_modules(__path__):
@@ -81,6 +82,11 @@ class TorchStage:
             op = self.ops[k]
             if not op.ragged and not uniform(batch.sizes):
                 return [self._run(*self._sample(x, batch, i), k).squeeze(0) for i in range(x.shape[0])]
+            if type(op) is Crop:  # a pad (a canvas) and a crop inside it: one crop
+                fused = crop_through_crop(x, self.ops, k, batch)
+                if fused is not None:
+                    x, k = fused
+                    continue
             pair = self.pairs.get(k)
             both = pair(x, op, self.ops[k + 1], batch) if pair is not None else None
             if both is not None:

@@ -26,7 +26,7 @@ padding at 0.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ from dali_autoproxy.backends.torch_stage import pillow_weights
 from dali_autoproxy.backends.torch_stage.kept_tables import kept_tables
 from dali_autoproxy.backends.torch_stage.registry import Batch, constant, fused_pair, kernel, upload, valid_sizes
 from dali_autoproxy.plan.ir import Crop, PillowReduce, PillowResize
+from dali_autoproxy.plan.pillow_ops import PillowCall
 
 
 def _weights(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, in_max: int,
@@ -288,11 +289,24 @@ def _pillow_reduce(x: torch.Tensor, op: PillowReduce, batch: Batch) -> torch.Ten
 def _crop(x: torch.Tensor, op: Crop, batch: Batch) -> torch.Tensor:
     """Each sample's box [top, left, height, width] of its valid region; outside it ``op.fill``
     (how Pad and padded crops are expressed), past the box's own size (samples of other sizes) 0."""
-    boxes = batch.host[:, op.span("top", "width")].astype(np.int64)
+    return crop_boxes(x, batch.host[:, op.span("top", "width")].astype(np.int64), op.fill, batch)
+
+
+SLICED_CROP_PIXELS = 1 << 22  # outputs this large are copied sample by sample (no index tensors)
+
+
+def crop_boxes(x: torch.Tensor, boxes: np.ndarray, fill: Tuple[float, ...], batch: Batch) -> torch.Tensor:
+    """The crop of each sample's box (int64 [B, 4]: top, left, height, width) of its valid region,
+    ``fill`` outside the region, 0 past the box; ``batch.sizes`` becomes the boxes' sizes."""
     sizes = valid_sizes(x, batch)
     n, c = x.shape[0], x.shape[1]
     out_h, out_w = int(boxes[:, 2].max()), int(boxes[:, 3].max())
     dev = x.device
+    values = [float(v) for v in fill]
+    fill = constant(values if len(values) == c else values[:1] * c, dev, x.dtype).view(-1)
+    batch.sizes = boxes[:, 2:4]
+    if n * out_h * out_w >= SLICED_CROP_PIXELS:  # a canvas (RandomZoomOut): copies, not a gather
+        return _crop_by_slices(x, boxes, sizes, fill, out_h, out_w)
     top, left, height, width, valid_h, valid_w = (v.view(n, 1) for v in upload(
         np.concatenate([boxes, sizes], 1), dev).unbind(1))  # the masks are made on the device from these
     rows, cols = torch.arange(out_h, device=dev).view(1, -1), torch.arange(out_w, device=dev).view(1, -1)
@@ -302,9 +316,47 @@ def _crop(x: torch.Tensor, op: Crop, batch: Batch) -> torch.Tensor:
     yi, xi = ys.clamp(0, x.shape[2] - 1), xs.clamp(0, x.shape[3] - 1)
     bi = torch.arange(n, device=dev).view(n, 1, 1)
     picked = x.permute(0, 2, 3, 1)[bi, yi[:, :, None], xi[:, None, :]]  # [B, out_h, out_w, C]
-    values = [float(v) for v in op.fill]
-    fill = constant(values if len(values) == c else values[:1] * c, dev, x.dtype).view(-1)
     out = torch.where(inside, picked, torch.where(in_box, fill, torch.zeros((), dtype=x.dtype, device=dev)))
-    batch.sizes = boxes[:, 2:4]
     return out.permute(0, 3, 1, 2).contiguous()
+
+
+def _crop_by_slices(x: torch.Tensor, boxes: np.ndarray, sizes: np.ndarray, fill: torch.Tensor,
+                    out_h: int, out_w: int) -> torch.Tensor:
+    """The same crop as two copies per sample: the fill over its box, then the part of its image
+    inside the box. One pass over the output, where the gather makes several."""
+    out = x.new_zeros((x.shape[0], x.shape[1], out_h, out_w))
+    for i, ((top, left, height, width), (valid_h, valid_w)) in enumerate(zip(boxes.tolist(), sizes.tolist())):
+        y0, x0 = max(top, 0), max(left, 0)
+        y1, x1 = min(top + height, valid_h), min(left + width, valid_w)
+        if y1 <= y0 or x1 <= x0:
+            out[i, :, :height, :width] = fill.view(-1, 1, 1)
+            continue
+        if y0 > top or x0 > left or y1 < top + height or x1 < left + width:  # part of the box is outside
+            out[i, :, :height, :width] = fill.view(-1, 1, 1)
+        out[i, :, y0 - top:y1 - top, x0 - left:x1 - left] = x[i, :, y0:y1, x0:x1]
+    return out
+
+
+def _idle(op: object, batch: Batch) -> bool:
+    """A recorded-call position that no sample of this batch used (its kernel changes nothing)."""
+    return isinstance(op, PillowCall) and not (batch.host[:, op.col("call")] > 0).any()
+
+
+def crop_through_crop(x: torch.Tensor, ops: list, k: int, batch: Batch) -> Optional[Tuple[torch.Tensor, int]]:
+    """Op k, a Crop, and the next Crop after positions no sample used, as one crop where every
+    second box lies inside the first (RandomZoomOut's canvas, then RandomIoUCrop inside it): the
+    pixels are the first box's at the offset of the second, its fill outside the image, the
+    canvas never made. Returns the batch and the index of the op after the second crop, or None."""
+    j = k + 1
+    while j < len(ops) and _idle(ops[j], batch):
+        j += 1
+    if j >= len(ops) or type(ops[j]) is not Crop or type(ops[k]) is not Crop:
+        return None
+    first = batch.host[:, ops[k].span("top", "width")].astype(np.int64)
+    second = batch.host[:, ops[j].span("top", "width")].astype(np.int64)
+    inside = ((second[:, :2] >= 0) & (second[:, :2] + second[:, 2:] <= first[:, 2:])).all()
+    if not inside or (second[:, 2:] <= 0).any():
+        return None
+    boxes = np.concatenate([first[:, :2] + second[:, :2], second[:, 2:]], 1)
+    return crop_boxes(x, boxes, ops[k].fill, batch), j + 1
 
