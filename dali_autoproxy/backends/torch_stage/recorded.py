@@ -124,6 +124,19 @@ def _each_in_its_region(x: torch.Tensor, rows: np.ndarray, sizes: np.ndarray, ru
     return x
 
 
+def _contrast_in_regions(x: torch.Tensor, factor: np.ndarray, sizes: np.ndarray) -> torch.Tensor:
+    """ImageEnhance.Contrast on each sample of a padded batch at once: the mean luma of its own
+    region alone (exact integer sums), the blend inside the region, the padding left as it is."""
+    hw = upload(np.asarray(sizes, dtype=np.int64), x.device)
+    ys = torch.arange(x.shape[2], device=x.device).view(1, -1, 1)
+    xs = torch.arange(x.shape[3], device=x.device).view(1, 1, -1)
+    region = (ys < hw[:, 0].view(-1, 1, 1)) & (xs < hw[:, 1].view(-1, 1, 1))  # [B, H, W]
+    total = torch.where(region, luma(x), 0.0).to(torch.int64).sum(dim=(1, 2))
+    count = hw[:, 0] * hw[:, 1]
+    mean = ((total * 2 + count) // (count * 2)).to(torch.float32).view(-1, 1, 1, 1)  # int(mean + 0.5)
+    return torch.where(region.unsqueeze(1), blend(mean, x, _per_sample(factor, x)), x)
+
+
 @kernel(PillowCall, RaggedPillowCall)
 def _pillow_call(x: torch.Tensor, op: PillowCall, batch: Batch) -> torch.Tensor:
     host = batch.host
@@ -133,6 +146,9 @@ def _pillow_call(x: torch.Tensor, op: PillowCall, batch: Batch) -> torch.Tensor:
     for code in np.unique(codes[codes > 0]):
         rows = np.flatnonzero(codes == code)
         name = PILLOW_CALLS[code]
+        if ragged and name == "contrast":  # the one mean of a region: all samples together
+            x = update_rows(x, rows, lambda sub, _, rows=rows: _contrast_in_regions(sub, a[rows], batch.sizes[rows]))
+            continue
         if ragged and name not in PER_PIXEL:
             x = _each_in_its_region(x, rows, batch.sizes, CALLS[name], a, b, c)
             continue
