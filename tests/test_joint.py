@@ -90,6 +90,17 @@ def assert_same_detection(ref, out, device="cpu"):
                 assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, k
 
 
+def assert_on_dali_as_plain(ds, device, seed):
+    """One shuffled epoch plain and proxied: targets and images plain's, every image decoded on DALI."""
+    kw = dict(collate_fn=collate_fn, batch_size=4, shuffle=True, seed=seed)
+    ref = load_all(ds, autoproxy=False, **kw)
+    out = load_all(ds, autoproxy=True, device=device, **kw)
+    assert_same_detection(ref, out, device)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+    return rep
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("augmentation", ["hflip", "lsj", "multiscale", "ssd", "ssdlite"])
 def test_detection_presets_go_to_dali_with_plains_targets(coco_root, augmentation, device):
@@ -200,13 +211,7 @@ def test_the_tensor_backends_crops_and_flips_go_to_dali(coco_root, augmentation,
     chain = v2.Compose([first] + head + [v2.ToDtype(torch.float, scale=True),
                                          v2.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY),
                                          v2.SanitizeBoundingBoxes(), v2.ToPureTensor()])
-    ds = coco_dataset(coco_root, Preset(chain))
-    kw = dict(collate_fn=collate_fn, batch_size=4, shuffle=True, seed=12)
-    ref = load_all(ds, autoproxy=False, **kw)
-    out = load_all(ds, autoproxy=True, device=device, **kw)
-    assert_same_detection(ref, out, device)
-    rep = last_report()
-    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+    assert_on_dali_as_plain(coco_dataset(coco_root, Preset(chain)), device, seed=12)
 
 
 def test_the_detection_references_presets_unchanged(coco_root):
@@ -281,7 +286,9 @@ def _references_module_path(folder):
 
 @pytest.mark.parametrize("source,use_v2", [("voc", False), ("coco", False), ("coco", True)])
 def test_the_segmentation_references_presets_unchanged(tmp_path, coco_root, source, use_v2):
-    """torchvision's own ``references/segmentation`` (TORCHVISION_REFERENCES): ``presets.py``'s
+    """torchvision's own ``references/segmentation`` (TORCHVISION_REFERENCES; its ``v2_extras.py``
+    with PadIfSmaller's methods named ``make_params`` and ``transform``, which torchvision 0.29's
+    v2.Transform calls, where older copies say ``_get_params`` and ``_transform``): ``presets.py``'s
     train and eval presets, v1 (its ``transforms.py``: Python's ``random``, the PIL mask resized
     with NEAREST, padded with 255) and v2 (``v2_extras.PadIfSmaller``), over a VOC-format set
     and ``coco_utils.get_coco`` (its category remap, the polygons merged into one mask, the
@@ -521,13 +528,7 @@ def test_a_channel_shuffle_through_a_tensor_goes_to_dali(coco_root, device):
     """PIL -> float tensor -> channels indexed -> PIL is the image's channel permutation (every
     uint8 value survives the float round trip): recorded, decoded on DALI, plain's pixels."""
     chain = ReferencesStyleCompose([JointChannelShuffle(), JointFlip(), JointToTensor()])
-    ds = CocoWithTarget(coco_root, chain)
-    kw = dict(collate_fn=collate_fn, batch_size=4, seed=4, shuffle=True)
-    ref = load_all(ds, autoproxy=False, **kw)
-    out = load_all(ds, autoproxy=True, device=device, **kw)
-    assert_same_detection(ref, out, device)
-    rep = last_report()
-    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+    assert_on_dali_as_plain(CocoWithTarget(coco_root, chain), device, seed=4)
 
 
 def test_a_repeated_channel_index_needs_pixels(coco_root):

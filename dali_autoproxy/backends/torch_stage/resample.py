@@ -292,7 +292,8 @@ def _crop(x: torch.Tensor, op: Crop, batch: Batch) -> torch.Tensor:
     return crop_boxes(x, batch.host[:, op.span("top", "width")].astype(np.int64), op.fill, batch)
 
 
-SLICED_CROP_PIXELS = 1 << 22  # outputs this large are copied sample by sample (no index tensors)
+SLICED_CROP_PIXELS = 1 << 20  # crops to boxes this large (a canvas) are copied sample by sample: the
+# per-sample launches are small beside the copies, and the gather's index tensors and passes are not
 
 
 def crop_boxes(x: torch.Tensor, boxes: np.ndarray, fill: Tuple[float, ...], batch: Batch) -> torch.Tensor:
@@ -305,7 +306,7 @@ def crop_boxes(x: torch.Tensor, boxes: np.ndarray, fill: Tuple[float, ...], batc
     values = [float(v) for v in fill]
     fill = constant(values if len(values) == c else values[:1] * c, dev, x.dtype).view(-1)
     batch.sizes = boxes[:, 2:4]
-    if n * out_h * out_w >= SLICED_CROP_PIXELS:  # a canvas (RandomZoomOut): copies, not a gather
+    if out_h * out_w >= SLICED_CROP_PIXELS:  # a canvas (RandomZoomOut): copies, not a gather
         return _crop_by_slices(x, boxes, sizes, fill, out_h, out_w)
     top, left, height, width, valid_h, valid_w = (v.view(n, 1) for v in upload(
         np.concatenate([boxes, sizes], 1), dev).unbind(1))  # the masks are made on the device from these
