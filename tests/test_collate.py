@@ -131,3 +131,25 @@ def test_timm_fast_collate_has_an_on_device_equivalent():
     assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1]) and ours[1].dtype == theirs[1].dtype
     arrays = [(x.numpy(), y) for x, y in batch]  # numpy inputs: timm's own code
     assert torch.equal(on_device(fast_collate)(arrays)[0], fast_collate(arrays)[0])
+
+
+def test_small_plain_tensors_of_a_sample_travel_inline_and_come_back_equal():
+    """A sample's small CPU tensors (a detection target's boxes, labels, a 0-d id) travel as their
+    bytes: back with the same dtype, shape and values; tensor subclasses, tensors that need grad,
+    large ones and dtypes numpy lacks travel as the DataLoader sends them."""
+    import pickle
+
+    from torchvision import tv_tensors
+
+    from dali_autoproxy.transport import INLINE_BYTES, InlineTensor
+    small = [torch.tensor([[1.5, -0.0, float("nan"), 3.0]]), torch.tensor([7, 8]), torch.tensor(3),
+             torch.tensor([True, False]), torch.arange(12, dtype=torch.int16).view(3, 4).t()]
+    for t in small:
+        assert InlineTensor.fits(t)
+        back = pickle.loads(pickle.dumps(InlineTensor(t))).tensor()
+        assert type(back) is torch.Tensor and back.dtype == t.dtype and back.shape == t.shape
+        torch.testing.assert_close(back, t, rtol=0, atol=0, equal_nan=True)
+    boxes = tv_tensors.BoundingBoxes([[0, 0, 4, 4]], format="XYXY", canvas_size=(8, 8))
+    for t in (boxes, torch.ones(2, requires_grad=True), torch.zeros(INLINE_BYTES // 4 + 1),
+              torch.ones(2, dtype=torch.bfloat16)):
+        assert not InlineTensor.fits(t)
