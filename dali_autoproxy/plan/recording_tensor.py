@@ -65,6 +65,18 @@ class RecordingTensor(torch.Tensor):
         return next((i for i, call in enumerate(self.calls) if call[0] == "tensor"), len(self.calls))
 
 
+def _channel_order(index: Any) -> Any:
+    """An index of whole numbers as a list (an integer tensor, a list or tuple of ints), else
+    None: a float or bool index, a slice, anything torch would read otherwise."""
+    if isinstance(index, torch.Tensor):
+        if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8) or index.ndim != 1:
+            return None
+        return [int(k) for k in index.tolist()]
+    if isinstance(index, (list, tuple)) and all(type(k) is int for k in index):
+        return list(index)
+    return None
+
+
 def _channels_indexed(t: "RecordingTensor", index: Any) -> Any:
     """``t[..., order, :, :]`` with ``order`` a permutation of the three channels (the detection
     references' v1 RandomPhotometricDistort): after tensor steps that map each value on its own,
@@ -75,12 +87,9 @@ def _channels_indexed(t: "RecordingTensor", index: Any) -> Any:
     if t.ndim != 3 or not index or len(index) > 3 or any(
             not (isinstance(k, slice) and k == slice(None)) for k in index[1:]):
         return None
-    try:
-        order = [int(k) for k in index[0]]
-    except (TypeError, ValueError):
-        return None
+    order = _channel_order(index[0])
     head = t.tail_at()
-    if sorted(order) != [0, 1, 2] or any(step[1] not in _ZERO_KEEPING for step in t.calls[head:]):
+    if order is None or sorted(order) != [0, 1, 2] or any(step[1] not in _ZERO_KEEPING for step in t.calls[head:]):
         return None
     calls = t.calls[:head] + (("permute",) + tuple(float(k) for k in order),) + t.calls[head:]
     return RecordingTensor.of(tuple(t.shape), t.dtype, calls, t.stands_in_for)
