@@ -611,3 +611,47 @@ def test_a_subsets_batch_that_fails_on_a_proxied_result_runs_plain(coco_root):
     ref = load_all(ds, autoproxy=False, **kw)
     out = load_all(ds, autoproxy=True, device="cpu", **kw)
     assert_same_detection(ref, out)
+
+
+def test_random_iou_crops_params_are_torchvisions_own():
+    """The workers' RandomIoUCrop.make_params (numpy float32): for 800 samples (boxes in
+    every format, image sizes from tiny to COCO's, the options' every overlap) the same crop and
+    the same boxes inside it as torchvision's own method, the same draws from torch's generator
+    (its state after equal), the same exception for an image too small to crop."""
+    import numpy as np
+
+    from dali_autoproxy.worker import iou_crop
+    assert iou_crop.SAME_CODE, "torchvision's RandomIoUCrop.make_params is not the code iou_crop replaces"
+    rng = np.random.default_rng(0)
+    crop, raised = v2.RandomIoUCrop(), 0
+    for k in range(800):
+        h, w = (int(rng.integers(1, 4)), int(rng.integers(1, 700))) if k % 50 == 0 else (
+            int(rng.integers(20, 700)), int(rng.integers(20, 700)))
+        n = int(rng.integers(0 if k % 97 == 0 else 1, 8))
+        x0, y0 = rng.uniform(-5, w, n), rng.uniform(-5, h, n)
+        xyxy = np.stack([x0, y0, x0 + rng.uniform(0, w, n), y0 + rng.uniform(0, h, n)], 1).astype(np.float32)
+        fmt = ("XYXY", "XYWH", "CXCYWH")[k % 3]
+        boxes = tv_tensors.BoundingBoxes(torch.from_numpy(xyxy), format="XYXY", canvas_size=(h, w))
+        boxes = v2.ConvertBoundingBoxFormat(fmt)(boxes)
+        flat = [tv_tensors.Image(torch.zeros(3, h, w, dtype=torch.uint8)), boxes]
+        if n == 0:  # torchvision loops until it draws the leave-as-is option
+            crop.options = [0.5, 1.0]
+        outcomes = []
+        for run in (lambda: v2.RandomIoUCrop.make_params(crop, flat),
+                    lambda: iou_crop.iou_crop_params(None, crop, (flat,), {})):
+            torch.manual_seed(k)
+            try:
+                out = run()
+            except ZeroDivisionError:
+                out = "ZeroDivisionError"
+            outcomes.append((out, torch.get_rng_state()))
+        crop.options = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0]
+        (a, state_a), (b, state_b) = outcomes
+        assert torch.equal(state_a, state_b), k
+        raised += a == "ZeroDivisionError"
+        if isinstance(a, str) or not a:
+            assert a == b, (k, a, b)
+            continue
+        assert a.keys() == b.keys() and all(a[key] == b[key] for key in ("top", "left", "height", "width")), (k, a, b)
+        assert torch.equal(a["is_within_crop_area"], b["is_within_crop_area"]), k
+    assert raised > 0

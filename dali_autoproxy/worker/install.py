@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable, List, Optional, Set, Tuple
 
 import torch
+import torchvision.transforms.v2 as v2
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
@@ -17,6 +18,8 @@ from dali_autoproxy.plan.translate import compose_types
 from dali_autoproxy.worker.chains import ChainRouter, convert_jpeg, guarded_fetch, on_chain_call
 from dali_autoproxy.worker.collate import collate_proxy_samples  # noqa: F401  (registers ProxySample with default_collate)
 from dali_autoproxy.worker.deferred import DeferredFileLoader, JpegImageFile
+from dali_autoproxy.worker.iou_crop import SAME_CODE as IOU_CROP_KNOWN
+from dali_autoproxy.worker.iou_crop import iou_crop_params
 from dali_autoproxy.worker.libraries import loaded_decoders
 from dali_autoproxy.worker.routing import local
 
@@ -28,8 +31,8 @@ def entry_point(cls: type) -> str:
 
 def patch(chain_classes: Iterable[type]) -> None:
     """Wrap the entry points of these chain classes, Pillow's JPEG convert and the functions
-    recorded on recording images, torch's map fetcher and the loaded data libraries' image
-    decoders, in this process (idempotent; recorded in the patch
+    recorded on recording images, torch's map fetcher, RandomIoUCrop's trials and the loaded
+    data libraries' image decoders, in this process (idempotent; recorded in the patch
     ledger, undone by disable())."""
     for cls in set(compose_types()) | set(chain_classes):
         ledger.wrap(cls, entry_point(cls), on_chain_call)
@@ -37,6 +40,8 @@ def patch(chain_classes: Iterable[type]) -> None:
     for owner, name, wrapper in PILLOW_HOOKS + TENSOR_HOOKS:  # recorded on recording images and tensors
         ledger.wrap(owner, name, wrapper)
     ledger.wrap(_MapDatasetFetcher, "fetch", guarded_fetch)
+    if IOU_CROP_KNOWN:  # torchvision's RandomIoUCrop trials, the same draws, in numpy (worker/iou_crop.py)
+        ledger.wrap(v2.RandomIoUCrop, "make_params", iou_crop_params)
     for owner, method, wrapper in loaded_decoders():  # webdataset's and Hugging Face's eager decoders
         ledger.wrap(owner, method, wrapper)
 
