@@ -7,8 +7,9 @@ the worker's time): up to 40 trials per drawn overlap, each some forty small ten
 draws from torch's generator exactly as torchvision does (``torch.randint``, ``torch.rand(2)``,
 in the same order) and computes the same IEEE float32 operations on numpy scalars and arrays:
 the same crop, or the same exception, for every sample. Only the code this was written from
-(``TORCHVISION_SOURCE``, torchvision 0.26 to 0.29) is replaced, for float32 boxes of one
-sample; a subclass, another torchvision's code or other boxes run torchvision's own method.
+(``TORCHVISION_SOURCE``: torchvision 0.26's and 0.29's, compared with the installed one's source
+at import) is replaced, for one sample's float32 boxes; a subclass, another torchvision's code
+or other boxes run torchvision's own method.
 """
 from __future__ import annotations
 
