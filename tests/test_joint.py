@@ -216,22 +216,28 @@ def test_the_tensor_backends_crops_and_flips_go_to_dali(coco_root, augmentation,
 
 def test_the_detection_references_presets_unchanged(coco_root):
     """torchvision's own ``references/detection/presets.py`` (set TORCHVISION_REFERENCES to a
-    checkout's ``references`` folder), every v2 augmentation with the PIL backend, as its
-    ``train.py --use-v2`` builds it: proxied, decode on DALI, equal to plain."""
+    checkout's ``references`` folder), every v2 augmentation, as its ``train.py --use-v2`` builds
+    it: with the PIL backend proxied, decode on DALI, equal to plain; with the tensor and
+    tv_tensor backends equal to plain, ``hflip`` and ``ssdlite`` on DALI, ``multiscale`` and
+    ``ssd`` (a resize and colour ops of a tensor) in the worker with the reason."""
     where = os.environ.get("TORCHVISION_REFERENCES")
     if not where:
         pytest.skip("set TORCHVISION_REFERENCES to the references folder of a pytorch/vision checkout")
     sys.path.insert(0, os.path.join(where, "detection"))
     try:
         import presets
-        for augmentation in ("hflip", "multiscale", "ssd", "ssdlite"):
-            train = presets.DetectionPresetTrain(data_augmentation=augmentation, backend="pil", use_v2=True)
-            ds = coco_dataset(coco_root, train)
-            ref = load_all(ds, autoproxy=False, collate_fn=collate_fn, batch_size=4, seed=9)
-            out = load_all(ds, autoproxy=True, collate_fn=collate_fn, batch_size=4, seed=9, device="cpu")
-            assert_same_detection(ref, out)
-            rep = last_report()
-            assert rep["proxied"] and rep["decode"] == "DALI 100%", (augmentation, rep)
+        for backend in ("pil", "tensor", "tv_tensor"):
+            for augmentation in ("hflip", "multiscale", "ssd", "ssdlite"):
+                train = presets.DetectionPresetTrain(data_augmentation=augmentation, backend=backend, use_v2=True)
+                ds = coco_dataset(coco_root, train)
+                ref = load_all(ds, autoproxy=False, collate_fn=collate_fn, batch_size=4, seed=9)
+                out = load_all(ds, autoproxy=True, collate_fn=collate_fn, batch_size=4, seed=9, device="cpu")
+                assert_same_detection(ref, out)
+                rep = last_report()
+                if backend == "pil" or augmentation in ("hflip", "ssdlite"):
+                    assert rep["proxied"] and rep["decode"] == "DALI 100%", (backend, augmentation, rep)
+                else:
+                    assert ": needs pixels (tensor " in (rep["reason"] or rep["decode"]), (backend, augmentation, rep)
     finally:
         sys.path.remove(os.path.join(where, "detection"))
         sys.modules.pop("presets", None)
