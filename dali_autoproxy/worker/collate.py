@@ -73,7 +73,9 @@ class CollateInMain:
         positions: Dict[Path, List[ProxySample]] = {}
         order: List[Path] = []
 
-        def collect(path: Path, s: ProxySample) -> Any:
+        def collect(path: Path, s: Any) -> Any:
+            if not isinstance(s, ProxySample):  # a small tensor of the sample: inline (transport.InlineTensor)
+                return InlineTensor(s)
             if s.done is not None:
                 return s.done  # finished in the worker: the real tensor
             if path not in positions:
@@ -81,7 +83,7 @@ class CollateInMain:
                 order.append(path)
             positions[path].append(s)
             return Slot(order.index(path), len(positions[path]) - 1)
-        skeleton = [map_leaves(sample, collect, _is_proxy) for sample in samples]
+        skeleton = [map_leaves(sample, collect, lambda x: _is_proxy(x) or InlineTensor.fits(x)) for sample in samples]
         if not positions:  # nothing proxied in this batch: the user's collate, as plain
             return _done(self.user_collate([map_leaves(sample, _standin, _is_proxy) for sample in samples]))
         try:
@@ -96,7 +98,6 @@ class CollateInMain:
                             getattr(self.user_collate, "__name__", self.user_collate), type(exc).__name__, exc)
         with packing_once():
             batches = [collate_proxy_samples(positions[p]) for p in order]
-        skeleton = [map_leaves(sample, lambda _, t: InlineTensor(t), InlineTensor.fits) for sample in skeleton]
         return _done(ProxyCollated(skeleton, batches, rng))
 
 

@@ -14,7 +14,6 @@ or other boxes run torchvision's own method.
 from __future__ import annotations
 
 import inspect
-import logging
 from typing import Any, Dict, List
 
 import numpy as np
@@ -22,8 +21,6 @@ import torch
 import torchvision.transforms.v2 as v2
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
-
-logger = logging.getLogger("dali_autoproxy")
 
 TORCHVISION_SOURCE = '''
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
@@ -127,13 +124,8 @@ def iou_crop_params(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
     xyxy = _xyxy_boxes(flat_inputs)
     if xyxy is None:
         return wrapped(*args, **kwargs)
-    orig_h, orig_w = v2.query_size(flat_inputs) if hasattr(v2, "query_size") else _query_size(flat_inputs)
+    orig_h, orig_w = v2.query_size(flat_inputs)  # as torchvision's method asks (0.26 and 0.29 export it)
     return _draw(instance, int(orig_h), int(orig_w), xyxy)
-
-
-def _query_size(flat_inputs: List[Any]):
-    from torchvision.transforms.v2._utils import query_size
-    return query_size(flat_inputs)
 
 
 def _draw(t: Any, orig_h: int, orig_w: int, xyxy: torch.Tensor) -> Dict[str, Any]:

@@ -329,12 +329,10 @@ def _crop_by_slices(x: torch.Tensor, boxes: np.ndarray, sizes: np.ndarray, fill:
     for i, ((top, left, height, width), (valid_h, valid_w)) in enumerate(zip(boxes.tolist(), sizes.tolist())):
         y0, x0 = max(top, 0), max(left, 0)
         y1, x1 = min(top + height, valid_h), min(left + width, valid_w)
-        if y1 <= y0 or x1 <= x0:
-            out[i, :, :height, :width] = fill.view(-1, 1, 1)
-            continue
         if y0 > top or x0 > left or y1 < top + height or x1 < left + width:  # part of the box is outside
             out[i, :, :height, :width] = fill.view(-1, 1, 1)
-        out[i, :, y0 - top:y1 - top, x0 - left:x1 - left] = x[i, :, y0:y1, x0:x1]
+        if y1 > y0 and x1 > x0:
+            out[i, :, y0 - top:y1 - top, x0 - left:x1 - left] = x[i, :, y0:y1, x0:x1]
     return out
 
 
