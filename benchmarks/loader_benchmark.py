@@ -43,6 +43,7 @@ import os
 import platform
 import resource
 import sys
+import threading
 import time
 
 import numpy as np
@@ -104,7 +105,7 @@ def consume(batches, device: str, warmup: int, total: int = 0):
     queue ahead of the loop is full when it starts and still full when it stops (work queued
     before the start, or drained after the loader stopped producing, is never counted)."""
     stop = total - warmup if total > 2 * warmup else None
-    n, t0 = 0, None
+    n, t0, stopped = 0, None, False
     for i, (x, y) in enumerate(batches):
         if device == "cuda":
             x = x.cuda(non_blocking=True)
@@ -113,13 +114,22 @@ def consume(batches, device: str, warmup: int, total: int = 0):
             if device == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
+            for observer in WINDOW_OBSERVERS:
+                observer.start()
         if i == stop:
+            stopped = True
+            for observer in WINDOW_OBSERVERS:  # while the workers live: leaving the loop ends them
+                observer.stop()
             break
         if i >= warmup:
             n += x.shape[0]
     if device == "cuda":
         torch.cuda.synchronize()
-    return n, time.perf_counter() - (t0 or time.perf_counter())
+    dt = time.perf_counter() - (t0 or time.perf_counter())
+    if not stopped:
+        for observer in WINDOW_OBSERVERS:
+            observer.stop()
+    return n, dt
 
 
 def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=False, fidelity="exact",
@@ -143,6 +153,162 @@ def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=F
         return n, dt
     finally:
         dali_autoproxy.disable()
+
+
+WINDOW_OBSERVERS: list = []  # started and stopped with the clock of ``consume`` (start(), stop())
+
+
+class ProcessCpu:
+    """CPU time over the timed window of each thread of this process (Python threads by name,
+    native ones, DALI's and CUDA's, by their kernel name) and of each child process (the loader's
+    workers), as a share of the window's wall time: a share near 1.0 is a saturated thread, the
+    serial bound of a loader whose GPU is not busy. ``workers_busy`` lists the workers alive at
+    the end; ``workers_busy_total`` (cores) counts those that ended inside the window too."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.rows = enabled, []
+
+    def __enter__(self):
+        if self.enabled:
+            WINDOW_OBSERVERS.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        if self in WINDOW_OBSERVERS:
+            WINDOW_OBSERVERS.remove(self)
+        return False
+
+    @staticmethod
+    def _ticks(stat_path: str) -> tuple:
+        with open(stat_path) as f:
+            text = f.read()
+        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        return name, int(rest[11]) + int(rest[12])  # utime + stime (fields 14 and 15)
+
+    def _snapshot(self) -> dict:
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        names[os.getpid()] = "main thread"
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                comm, ticks = self._ticks(f"/proc/self/task/{tid}/stat")
+            except OSError:
+                continue
+            out[("thread", names.get(int(tid), f"{comm} {tid}"))] = ticks
+        parent, ticks = {}, {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent[pid], ticks[pid] = fields[1], int(fields[11]) + int(fields[12])
+        for pid in ticks:  # descendants: the loader's workers (forked, or made by a forkserver)
+            up = parent[pid]
+            while up in parent and up != str(os.getpid()):
+                up = parent[up]
+            if up == str(os.getpid()):
+                out[("worker", pid)] = ticks[pid]
+        with open("/proc/self/stat") as f:  # the CPU of children that ended and were waited for
+            fields = f.read().rsplit(")", 1)[1].split()
+        out[("ended", "")] = int(fields[13]) + int(fields[14])  # cutime + cstime
+        return out
+
+    def start(self) -> None:
+        self._t0, self._before = time.perf_counter(), self._snapshot()
+
+    def stop(self) -> None:
+        wall, after = time.perf_counter() - self._t0, self._snapshot()
+        hz = os.sysconf("SC_CLK_TCK")
+        share = {k: (v - self._before.get(k, 0)) / hz / wall for k, v in after.items()}
+        threads = sorted(((k[1], round(v, 2)) for k, v in share.items() if k[0] == "thread"), key=lambda kv: -kv[1])
+        workers = sorted(round(v, 2) for k, v in share.items() if k[0] == "worker")
+        # a worker that ended inside the window: its ticks before the window are in its old
+        # entry, all of them now in "ended"
+        all_workers = sum(after.get(k, 0) for k in after if k[0] in ("worker", "ended")) - sum(
+            self._before.get(k, 0) for k in self._before if k[0] in ("worker", "ended"))
+        self.rows.append({"threads_busy": dict(t for t in threads if t[1] >= 0.02),
+                          "threads_busy_total": round(sum(v for _, v in threads), 2),
+                          "workers_busy": workers, "workers_busy_total": round(all_workers / hz / wall, 2)})
+
+
+class CudaTimeline:
+    """A CUDA timeline (torch.profiler, CUPTI) of one run's timed window, summarised: how busy the
+    GPU was (any stream, and each stream), the longest kernels, and the host calls that waited for
+    the device (synchronize, blocking copies), per thread. CUPTI sees every kernel of the process,
+    DALI's included. The profiler slows the run: its rate is not a figure to compare."""
+
+    def __init__(self, label: str) -> None:
+        self.label, self.summary = label, None
+
+    def __enter__(self):
+        WINDOW_OBSERVERS.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        WINDOW_OBSERVERS.remove(self)
+        if getattr(self, "_prof", None) is not None:  # the window never closed (an error)
+            self._prof.stop()
+        return False
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+        self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        self._prof.start()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        wall = time.perf_counter() - self._t0
+        prof.stop()
+        import tempfile
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            prof.export_chrome_trace(f.name)
+            trace = json.load(open(f.name))
+        self.summary = summarize_timeline(trace.get("traceEvents", []), wall)
+        self.summary["label"] = self.label
+
+
+def summarize_timeline(events, wall_s: float) -> dict:
+    """Busy fractions of the device (union of kernel, copy and memset intervals) and of each stream,
+    the kernels taking most device time, and the host's waiting calls by thread."""
+    device = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+
+    def union_us(intervals):
+        total, end = 0.0, -1.0
+        for s, d in sorted(intervals):
+            if s + d <= end:
+                continue
+            total += s + d - max(s, end)
+            end = s + d
+        return total
+
+    if not device:
+        return {"wall_s": round(wall_s, 3), "device_events": 0}
+    t0 = min(e["ts"] for e in device)
+    span = max(e["ts"] + e["dur"] for e in device) - t0
+    streams, kernels = {}, {}
+    for e in device:
+        streams.setdefault(e.get("args", {}).get("stream", "?"), []).append((e["ts"], e["dur"]))
+        k = kernels.setdefault(e["name"][:90], [0, 0.0])
+        k[0] += 1
+        k[1] += e["dur"]
+    waits = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and (
+                "ynchronize" in e["name"] or e["name"] in ("cudaMemcpy", "cudaMemcpy2D")):
+            w = waits.setdefault(f"{e['name']} (thread {e.get('tid')})", [0, 0.0])
+            w[0] += 1
+            w[1] += e["dur"]
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:12]
+    return {"wall_s": round(wall_s, 3), "device_span_s": round(span / 1e6, 3),
+            "device_busy": round(union_us([(e["ts"], e["dur"]) for e in device]) / span, 3),
+            "stream_busy": {str(s): round(union_us(iv) / span, 3) for s, iv in sorted(streams.items(), key=str)},
+            "top_kernels_ms": [{"name": n, "calls": c, "ms": round(t / 1e3, 2)} for n, (c, t) in top],
+            "host_waits_ms": {n: {"calls": c, "ms": round(t / 1e3, 2)} for n, (c, t) in
+                              sorted(waits.items(), key=lambda kv: -kv[1][1])[:10]}}
 
 
 def on_loop_stream(run, *args, **kwargs):
@@ -407,7 +573,11 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--thread-times", action="store_true",
                     help="per batch, the pipeline thread's wall and CPU time in DALI's outputs and in the torch "
-                         "stage (median), and the main thread's busy share, for the autoproxy modes")
+                         "stage (median), and the main thread's busy share, for the autoproxy modes; for every "
+                         "mode, each thread's and worker's CPU share of the timed window (ProcessCpu)")
+    ap.add_argument("--cuda-timeline", action="store_true",
+                    help="after the timed runs, one more run per autoproxy mode and pipeline under torch.profiler: "
+                         "GPU busy share per stream, top kernels, host waits (its rate is not comparable)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one autoproxy train epoch at the largest worker count (main process)")
     a = ap.parse_args(argv)
@@ -442,22 +612,25 @@ def main(argv=None):
                 if mode == "torchvision" and rep >= a.tv_repeat:
                     continue
                 c0 = cpu_seconds()
-                n, dt = 0, 0.0
+                n, dt, busy_rows = 0, 0.0, []
                 try:
                     for _ in range(1 if mode == "torchvision" else a.epochs):
                         warm = a.warmup if a.warmup is not None else auto_warmup(w, a.images // batch)
-                        with ThreadClock(a.thread_times and mode.startswith("autoproxy")) as clock:
+                        with ThreadClock(a.thread_times and mode.startswith("autoproxy")) as clock, \
+                                ProcessCpu(a.thread_times) as busy:
                             ni, di = runners[mode](a.data, kind, w, batch, warm, a.device, threads)
-                        if clock.rows:
-                            print(json.dumps({"pipeline": kind, "mode": mode, "workers": w, **clock.summary()}),
+                        if clock.rows or busy.rows:
+                            print(json.dumps({"pipeline": kind, "mode": mode, "workers": w,
+                                              **(clock.summary() if clock.rows else {}), "cpu_busy": busy.rows}),
                                   flush=True)
+                        busy_rows += busy.rows
                         n, dt = n + ni, dt + di
                 except Exception as exc:  # one mode failing must not lose the others' figures
                     print(json.dumps({"pipeline": kind, "mode": mode, "workers": w, "batch": batch,
                                       "error": f"{type(exc).__name__}: {exc}"[:300]}), flush=True)
                     continue
                 cpu = cpu_seconds() - c0
-                runs[mode].append((n / dt, 1000 * cpu / max(1, n), n, dt, gpu_memory_mb()))
+                runs[mode].append((n / dt, 1000 * cpu / max(1, n), n, dt, gpu_memory_mb(), busy_rows))
         for mode, rs in runs.items():
             if not rs:
                 continue
@@ -468,6 +641,8 @@ def main(argv=None):
                    "images_per_s": round(float(np.median(rates)), 1),
                    "min_images_per_s": round(rates[0], 1), "max_images_per_s": round(rates[-1], 1),
                    "cpu_s_per_1k_images": round(float(np.median([r[1] for r in rs])), 2)}
+            if any(r[5] for r in rs):
+                row["cpu_busy"] = [b for r in rs for b in r[5]]  # per run: ProcessCpu
             results.append(row)
             print(json.dumps(row), flush=True)
     if a.profile:
@@ -484,8 +659,19 @@ def main(argv=None):
         if a.out:
             with open(os.path.splitext(a.out)[0] + ".profile.txt", "w") as f:
                 f.write(buf.getvalue())
+    timelines = []
+    for kind in a.pipelines if a.cuda_timeline else []:
+        for mode in [m for m in a.modes if m.startswith("autoproxy")]:
+            w = max(a.workers)
+            with CudaTimeline(f"{kind} {mode} {w} workers") as timeline:
+                runners[mode](a.data, kind, w, a.batch[0], auto_warmup(w, a.images // a.batch[0]), a.device, threads)
+            print(json.dumps(timeline.summary), flush=True)
+            timelines.append(timeline.summary)
     summary = summarize(results)
     print(summary, flush=True)
+    if a.out and timelines:
+        with open(os.path.splitext(a.out)[0] + ".timeline.json", "w") as f:
+            json.dump(timelines, f, indent=1)
     if a.out:
         stem = write_results(a.out, {"corpus": corpus, "env": env, "results": results}, summary)
         chart(results, stem + ".png")
