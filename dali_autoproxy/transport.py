@@ -126,11 +126,12 @@ class ProxyBatch:
 
 class Unrouted:
     """A worker's batch in which no chain call was taken (its own, untouched), with why: the
-    calls the chains received that are not taken over (a joint image-and-target call, say)."""
-    __slots__ = ("batch", "why")
+    calls the chains received that are not taken over (a joint image-and-target call, say), and
+    the images decoded in the worker for the outermost of them, by why."""
+    __slots__ = ("batch", "why", "decoded")
 
-    def __init__(self, batch: Any, why: Dict[str, int]):
-        self.batch, self.why = batch, why
+    def __init__(self, batch: Any, why: Dict[str, int], decoded: Optional[Dict[str, int]] = None):
+        self.batch, self.why, self.decoded = batch, why, decoded or {}
 
     def pin_memory(self) -> "Unrouted":
         """What the loader's pin thread calls: the batch pinned as it would have been."""

@@ -47,6 +47,7 @@ from dali_autoproxy.plan.kernel_table import KernelTable
 from dali_autoproxy.plan.pillow_ops import (
     BUILTIN_KERNELS,
     PILLOW_CALLS,
+    TENSOR_COLOR_CALLS,
     PillowBlur,
     PillowCall,
     RaggedPillowCall,
@@ -276,7 +277,16 @@ _PILLOW_CALLS = {  # what the user's code called, called again with the same arg
     "unsharp_mask": lambda img, a, b, c: img.filter(ImageFilter.UnsharpMask(a, int(b), int(c))),
     "tv_blur": lambda img, a, b, c: _torchvision_blur(img, int(a), b, c),
     "permute": lambda img, a, b, c: Image.merge(img.mode, [img.getchannel(int(k)) for k in (a, b, c)]),
+    **{name: lambda img, a, b, c, name=name: _tensor_color(img, name, a, b) for name in TENSOR_COLOR_CALLS},
 }
+
+
+def _tensor_color(img, name: str, factor: float, v2: float):
+    """torchvision's own tensor kernel (v1's or v2's adjust_*) on the image as a uint8 tensor:
+    the image's values are that tensor's, both ways."""
+    functional = F2 if v2 else F
+    out = getattr(functional, "adjust_" + name[3:])(F.pil_to_tensor(img), factor)
+    return F.to_pil_image(out, img.mode)
 
 
 def _torchvision_blur(img, window: int, sigma_x: float, sigma_y: float):

@@ -244,6 +244,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_count += 1
         if type(batch) is Unrouted:  # the chains were called, none taken: say why, hand it on as it is
             self._self_state.passed_over(batch.why)
+            self._self_state.count_worker_decodes(batch.decoded)
             batch = batch.batch
         proxies = find_proxy_batches(batch)
         units = pipeline_units(proxies, self._self_share)

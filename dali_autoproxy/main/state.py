@@ -97,11 +97,17 @@ class LoaderState:
         if keys:
             self.used |= keys
             self._describe_plans()
-        for why, n in pb.why.items():
-            rec["decoded_in_worker"][why] = rec["decoded_in_worker"].get(why, 0) + n
         if rec["decoded_on_dali"] and not rec["decode_on_dali"]:
             rec["decode_on_dali"] = True
             self._describe_plans()
+        self.count_worker_decodes(pb.why)
+
+    def count_worker_decodes(self, why: Dict[str, int]) -> None:
+        """Images decoded in the workers, by why (samples for DALI that came decoded, and those
+        whose joint call ran as written), and the decode share again."""
+        rec = self.record
+        for reason, n in why.items():
+            rec["decoded_in_worker"][reason] = rec["decoded_in_worker"].get(reason, 0) + n
         total = rec["decoded_on_dali"] + sum(rec["decoded_in_worker"].values())
         if total:
             parts = [f"DALI {100 * rec['decoded_on_dali'] / total:.0f}%"] if rec["decoded_on_dali"] else []

@@ -31,7 +31,7 @@ from dali_autoproxy.config import logger
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.planning import ENDS_AS_PIL, build_head_plan, build_plan, joint_class, may_be_joint
 from dali_autoproxy.plan.translate.registry import is_chain, transform_name
-from dali_autoproxy.transport import ProxySample, Unrouted
+from dali_autoproxy.transport import ProxyBatch, ProxyCollated, ProxySample, Unrouted
 from dali_autoproxy.tree import flatten
 from dali_autoproxy.worker.deferred import defer_convert
 from dali_autoproxy.worker.handover import HeadNode
@@ -53,13 +53,22 @@ class ChainRouter:
         self.produced: List[int] = []  # ids of chains that made ProxySamples during this fetch
         self.passed_over: Dict[str, int] = {}  # calls not taken over since the last batch, by why
         self.taken = 0  # calls that made a ProxySample since the last batch
+        self.decoded_here: Dict[str, int] = {}  # images the outermost declined joint calls decoded, by why
         self.declined: Optional[str] = None  # why the last joint call left to run as written was left
 
     def batch_done(self, batch: Any) -> Any:
         """The collated batch, as an :class:`Unrouted` carrying why where no call was taken."""
-        why, taken = self.passed_over, self.taken
-        self.passed_over, self.taken = {}, 0
-        return Unrouted(batch, why) if why and not taken else batch
+        why, taken, decoded = self.passed_over, self.taken, self.decoded_here
+        self.passed_over, self.taken, self.decoded_here = {}, 0, {}
+        if why and not taken:
+            return Unrouted(batch, why, decoded)
+        if decoded:  # samples of a batch others of which reached DALI: their decodes counted with those
+            first = next((x for x in (batch.batches if isinstance(batch, ProxyCollated) else flatten(batch)[0])
+                          if isinstance(x, ProxyBatch)), None)
+            if first is not None:
+                for reason, n in decoded.items():
+                    first.why[reason] = first.why.get(reason, 0) + n
+        return batch
 
     def node_for(self, chain: Any) -> Optional[Any]:
         entry = self.nodes.get(id(chain))
@@ -148,6 +157,8 @@ def _take_joint(router: ChainRouter, instance: Any, args: tuple, kwargs: dict, j
         why = node.why
     router.passed_over[why] = router.passed_over.get(why, 0) + 1
     router.declined = why
+    if local.declined is None and any(isinstance(x, Image.Image) for x in flatten((args, kwargs))[0]):
+        router.decoded_here[why] = router.decoded_here.get(why, 0) + 1  # run as written: Pillow decodes it here
     return NOT_TAKEN
 
 
@@ -213,6 +224,7 @@ def _guarded(fetch: Callable[[], Any]) -> Any:
         return fetch()
     router.produced.clear()
     rng = torch.get_rng_state()
+    counts = router.taken, dict(router.passed_over), dict(router.decoded_here)
     try:
         return fetch()
     except Exception:
@@ -220,6 +232,7 @@ def _guarded(fetch: Callable[[], Any]) -> Any:
             raise
         router.make_plain(set(router.produced))
         torch.set_rng_state(rng)
+        router.taken, router.passed_over, router.decoded_here = counts  # the failed attempt's calls never happened
         return fetch()
 
 

@@ -15,7 +15,15 @@ from dali_autoproxy.backends.torch_stage.color import autocontrast, blend, blend
 from dali_autoproxy.backends.torch_stage.filters import gaussian_blur, pillow_kernel, smooth
 from dali_autoproxy.backends.torch_stage.pillow_filters import pillow_blur
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, uniform, update_rows, upload
-from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS, PILLOW_CALLS, PillowCall, RaggedPillowCall, blur_window_of
+from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_jitter_kernels
+from dali_autoproxy.plan.pillow_ops import (
+    BUILTIN_KERNELS,
+    PILLOW_CALLS,
+    TENSOR_COLOR_CALLS,
+    PillowCall,
+    RaggedPillowCall,
+    blur_window_of,
+)
 
 Call = Callable[..., torch.Tensor]  # (samples, a, b, c) -> samples, a b c the calls' values
 
@@ -84,6 +92,22 @@ def _permute(x: torch.Tensor, a, b, c) -> torch.Tensor:
     return torch.gather(x, 1, order.expand(-1, -1, x.shape[2], x.shape[3]))
 
 
+def _tensor_color(which: int) -> Call:
+    """torchvision's tensor adjust_brightness / contrast / saturation / hue (v1's where ``b`` is 0,
+    v2's where 1) on the samples as uint8 tensors, each with its own factor ``a``."""
+    def run(x: torch.Tensor, a, b, c) -> torch.Tensor:
+        out = x.clone()
+        for v2 in (0.0, 1.0):
+            rows = np.flatnonzero(np.asarray(b) == v2)
+            if len(rows):
+                f = upload(np.asarray(a, dtype=np.float64)[rows], x.device).view(-1, 1, 1, 1)
+                index = upload(rows, x.device)
+                kernel = tensor_jitter_kernels("v2" if v2 else "v1")[which]
+                out[index] = kernel(x.index_select(0, index).to(torch.uint8), f).to(x.dtype)
+        return out
+    return run
+
+
 CALLS: Dict[str, Call] = {
     "gaussian_blur": lambda x, a, b, c: pillow_blur(x, a, b, 3, True),
     "box_blur": lambda x, a, b, c: pillow_blur(x, a, b, 1, False),
@@ -105,12 +129,13 @@ CALLS: Dict[str, Call] = {
     "unsharp_mask": lambda x, a, b, c: _unsharp_mask(x, a, b, c),
     "tv_blur": _torchvision_blur,
     "permute": _permute,
+    **{name: _tensor_color(which) for which, name in enumerate(TENSOR_COLOR_CALLS)},
 }
 
 
 # calls computed pixel by pixel: on a padded batch (samples of their own sizes) the padding changes nothing
 PER_PIXEL = frozenset(("brightness", "color", "hue", "permute", "invert", "solarize", "posterize", "grayscale",
-                       "keep", "blend_kept"))
+                       "keep", "blend_kept", "tv_brightness", "tv_saturation", "tv_hue"))
 
 
 def _each_in_its_region(x: torch.Tensor, rows: np.ndarray, sizes: np.ndarray, run: Call, a, b, c) -> torch.Tensor:
