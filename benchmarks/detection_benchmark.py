@@ -4,7 +4,8 @@
 
 A COCO-format set of COCO-sized JPEGs (photographs cropped and resized to about 640 x 480, 1-6
 boxes each) read by torchvision's ``CocoDetection`` through ``wrap_dataset_for_transforms_v2``
-with the detection references' v2 presets (PIL backend, ``tuple(zip(*batch))`` collate), and the
+with the detection references' v2 presets (PIL backend, or the one a task names:
+``detection:ssd:tensor``; ``tuple(zip(*batch))`` collate), and the
 same images with one mask each for the segmentation references' v2 preset (random resize, flip,
 padded random crop to 480, normalise). Steady state: batches [w, B - w) of a long epoch timed,
 the modes interleaved per repeat; the median and the spread reported.
@@ -68,11 +69,12 @@ def make_set(root: str, n: int, seed: int = 3) -> str:
     return path
 
 
-def detection_preset(augmentation: str):
-    """The detection references' ``DetectionPresetTrain(..., backend="pil", use_v2=True)``."""
+def detection_preset(augmentation: str, backend: str = "pil"):
+    """The detection references' ``DetectionPresetTrain(..., backend=backend, use_v2=True)``."""
     import torchvision.transforms.v2 as T
     from torchvision import tv_tensors
-    head = {
+    first = {"pil": [], "tensor": [T.PILToTensor()], "tv_tensor": [T.ToImage()]}[backend]
+    head = first + {
         "hflip": [T.RandomHorizontalFlip(p=0.5)],
         "multiscale": [T.RandomShortestSize(min_size=(480, 512, 544, 576, 608, 640, 672, 704, 736, 768, 800),
                                             max_size=1333), T.RandomHorizontalFlip(p=0.5)],
@@ -80,7 +82,7 @@ def detection_preset(augmentation: str):
                 T.RandomIoUCrop(), T.RandomHorizontalFlip(p=0.5)],
         "ssdlite": [T.RandomIoUCrop(), T.RandomHorizontalFlip(p=0.5)],
     }[augmentation]
-    return T.Compose(head + [T.ToImage(), T.ToDtype(torch.float, scale=True),
+    return T.Compose(head + [T.ToImage()] * (backend == "pil") + [T.ToDtype(torch.float, scale=True),
                              T.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY),
                              T.SanitizeBoundingBoxes(), T.ToPureTensor()])
 
@@ -129,7 +131,7 @@ def loader_for(task: str, root: str, n: int, workers: int, batch: int):
         return torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
                                            drop_last=True, pin_memory=pin)
     ds = CocoDetection(os.path.join(root, "images"), os.path.join(root, "annotations.json"),
-                       transforms=Preset(detection_preset(task.split(":")[1])))
+                       transforms=Preset(detection_preset(*task.split(":")[1:])))
     ds = torch.utils.data.Subset(wrap_dataset_for_transforms_v2(ds, target_keys=["boxes", "labels", "image_id"]),
                                  range(n))
     return torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True,
