@@ -13,6 +13,7 @@ the modes interleaved per repeat; the median and the spread reported.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -177,6 +178,8 @@ def run(task: str, mode: str, args) -> dict:
                "decode": rep.get("decode"), "reason": rep.get("reason")}
         if clock.enabled:
             row["thread_times"] = clock.summary()
+        del loader
+        gc.collect()  # the loader's workers and DALI pipelines gone before the next run starts
         return row
     finally:
         dali_autoproxy.disable()
