@@ -247,7 +247,7 @@ def _tensor_resize(api: str):
     kernel: RandomShortestSize, ScaleJitter, RandomResize; v1's ``resize``), at the size
     torchvision computes: recorded as the image's resize with Pillow's bilinear filter. torch's
     uint8 arithmetic is not Pillow's fixed point: the two differ by at most a level here and
-    there (measured in docs/transforms.md)."""
+    there (``tests/test_joint.py``'s TENSOR_RESIZE_LEVELS; docs/how-it-works.md)."""
     def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         t = args[0] if args else kwargs.get("image", kwargs.get("img"))
         if type(t) is not RecordingTensor:
