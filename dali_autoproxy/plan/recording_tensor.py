@@ -6,9 +6,15 @@ A class that ends ``return TF.normalize(TF.to_tensor(img), MEAN, STD)`` (or ``pi
 gets a :class:`RecordingTensor` from these hooks: a tensor on torch's ``meta`` device (its
 shape and dtype, no memory) whose ``calls`` end in ``("tensor", ...)`` entries naming the
 equivalent transform (``equivalent``), which planning translates like the transform itself.
-Anything else done to it (arithmetic, indexing, another function) needs its values: it raises
-``NeedsPixels`` and the class runs in the worker, as for a recording image. Only these module
-functions, called as attributes of their modules, are recorded (``TENSOR_HOOKS``).
+Kernels that commute with those steps (crops, flips, a channel permutation) and, while the
+tensor holds the image's uint8 values as they are, torchvision's tensor colour kernels, pads and
+bilinear resizes are recorded as the image's own calls, before the tensor steps, in chain
+order: what the detection presets' tensor backends do. Its ``device`` reads as the CPU, so that a
+fill the user's code makes "on the image's device" holds real values; writing such a fill into
+the whole border of a pad is that pad's fill. Anything else done to it (arithmetic, other
+indexing, another function) needs its values: it raises ``NeedsPixels`` and the class runs in
+the worker, as for a recording image. Only these module functions, called as attributes of
+their modules, are recorded (``TENSOR_HOOKS``).
 """
 from __future__ import annotations
 
@@ -28,14 +34,19 @@ from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, _needs_pi
 from dali_autoproxy.plan.tv_internals import v2_pil_kernels
 
 _METADATA = {torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.ndim.__get__,
-             torch.Tensor.device.__get__, torch.Tensor.size, torch.Tensor.dim, torch.Tensor.is_floating_point,
+             torch.Tensor.size, torch.Tensor.dim, torch.Tensor.is_floating_point,
              torch.Tensor.__len__, torch.Tensor.__repr__, torch.Tensor.__format__, torch.Tensor.__hash__}
+
+
+_DEVICE = torch.Tensor.device.__get__
 
 
 class RecordingTensor(torch.Tensor):
     """The tensor a recorded class made of its recording image: shape and dtype, no values."""
     calls: Tuple[Any, ...] = ()
     stands_in_for = torch.Tensor  # what torchvision's exact-type lookups (v2's fills) see
+    pad_border: Any = None  # made by a pad: (top, left, height, width) of the image inside it
+    border_written: Any = None  # the pad's border strips written since (``_write_border``), by name
 
     @staticmethod
     def of(shape: Tuple[int, ...], dtype: torch.dtype, calls: Tuple[Any, ...],
@@ -46,6 +57,7 @@ class RecordingTensor(torch.Tensor):
         return t
 
     def then(self, *spec: Any, dtype: Any = None) -> "RecordingTensor":
+        settled(self)
         return RecordingTensor.of(tuple(self.shape), dtype or self.dtype, self.calls + (("tensor",) + spec,),
                                   self.stands_in_for)
 
@@ -54,6 +66,8 @@ class RecordingTensor(torch.Tensor):
         if func in _METADATA:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **(kwargs or {}))
+        if func == _DEVICE:  # what code makes for it (a fill tensor) holds real values
+            return torch.device("cpu")
         if not recording.active:
             raise RuntimeError("dali_autoproxy: a tensor recorded for a transform was used after the transform "
                                "returned; enable(record='off') leaves such transforms in the worker")
@@ -61,6 +75,8 @@ class RecordingTensor(torch.Tensor):
             shuffled = _channels_indexed(args[0], args[1])
             if shuffled is not None:
                 return shuffled
+        if func is torch.Tensor.__setitem__ and len(args) == 3 and not kwargs and _write_border(*args):
+            return None
         raise NeedsPixels(f"tensor {getattr(func, '__name__', func)}", _user_frame())
 
     def tail_at(self) -> int:
@@ -68,9 +84,81 @@ class RecordingTensor(torch.Tensor):
         return next((i for i, call in enumerate(self.calls) if call[0] == "tensor"), len(self.calls))
 
 
+def settled(t: "RecordingTensor") -> None:
+    """NeedsPixels where some of the strips of a pad's border have been written and others not:
+    no recorded call is that image."""
+    if t.border_written:
+        raise NeedsPixels("tensor __setitem__", _user_frame())
+
+
+_STRIPS = ("top", "bottom", "left", "right")
+
+
+def _write_border(t: "RecordingTensor", index: Any, value: Any) -> bool:
+    """``t[..., rows, cols] = value`` where ``t`` holds the image's uint8 values as a pad made
+    them and the region is one whole strip of the pad's border (the detection references' v1
+    RandomZoomOut writes its fill into the four strips of a pad with zeros, one assignment each)
+    or is empty: True, and once every strip of the border holds the same value, the pad's fill is
+    that value. Else False (it needs the pixels)."""
+    region = _rows_and_cols(t, index)
+    if region is None:
+        return False
+    (r0, r1), (c0, c1) = region
+    if r0 >= r1 or c0 >= c1:
+        return True  # nothing written
+    fill = _written_fill(value)
+    if t.pad_border is None or fill is None or not _layout_only(t) or t.calls[t.tail_at() - 1][0] != "pad":
+        return False
+    top, left, h, w = t.pad_border
+    height, width = int(t.shape[1]), int(t.shape[2])
+    strips = {"top": ((0, top), (0, width)), "bottom": ((top + h, height), (0, width)),
+              "left": ((0, height), (0, left)), "right": ((0, height), (left + w, width))}
+    name = next((k for k, box in strips.items() if box == ((r0, r1), (c0, c1))), None)
+    written = dict(t.border_written or {})
+    if name is None or any(v != fill for v in written.values()):
+        return False
+    written[name] = fill
+    needed = [k for k, ((a, b), (c, d)) in strips.items() if a < b and c < d]
+    if all(k in written for k in needed):  # the whole border: a pad with this fill
+        head = t.tail_at()
+        pad = t.calls[head - 1]
+        t.calls = t.calls[:head - 1] + (("pad", fill) + tuple(pad[2:]),) + t.calls[head:]
+        written = None
+    t.border_written = written
+    return True
+
+
+def _rows_and_cols(t: "RecordingTensor", index: Any) -> Any:
+    """The rows and columns ``(start, stop)`` of ``t[..., rows, cols]`` with plain slices (no step), else None."""
+    index = index if isinstance(index, tuple) else (index,)
+    if index and index[0] is Ellipsis:
+        index = index[1:]
+    if t.ndim != 3 or len(index) != 2 or not all(isinstance(k, slice) and k.step is None for k in index):
+        return None
+    try:
+        (r0, r1, _), (c0, c1, _) = index[0].indices(int(t.shape[1])), index[1].indices(int(t.shape[2]))
+    except TypeError:
+        return None
+    return (r0, r1), (c0, c1)
+
+
+def _written_fill(value: Any) -> Any:
+    """The three uint8 values an assignment writes into a uint8 image tensor: a uint8 tensor of
+    one or three values shaped to broadcast over the rows and columns, or an int 0..255; else None."""
+    if type(value) is int and 0 <= value <= 255:
+        return (float(value),) * 3
+    if type(value) is not torch.Tensor or value.dtype != torch.uint8 or value.device.type != "cpu":
+        return None
+    if tuple(value.shape) not in ((3, 1, 1), (1, 1, 1), (1,), ()):
+        return None
+    values = [float(v) for v in value.flatten().tolist()]
+    return tuple(values * 3)[:3] if len(values) == 1 else tuple(values)
+
+
 def _before_tail(t: "RecordingTensor", call: Tuple[Any, ...], shape: Any = None) -> "RecordingTensor":
     """``t`` with ``call`` recorded as the image's, after its calls so far and before the tensor
     steps (which the caller has checked it commutes with); ``shape``: the tensor's new shape."""
+    settled(t)
     head = t.tail_at()
     return RecordingTensor.of(tuple(shape or t.shape), t.dtype, t.calls[:head] + (call,) + t.calls[head:],
                               t.stands_in_for)
@@ -305,7 +393,9 @@ def _tensor_pad(api: str):
         if borders == (0, 0, 0, 0):
             return t
         height, width = int(t.shape[1]) + top + bottom, int(t.shape[2]) + left + right
-        return _before_tail(t, ("pad", fill, -top, -left, height, width), (3, height, width))
+        out = _before_tail(t, ("pad", fill, -top, -left, height, width), (3, height, width))
+        out.pad_border = (top, left, int(t.shape[1]), int(t.shape[2]))
+        return out
     return hook
 
 
@@ -351,6 +441,7 @@ def _to_pil_image(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     if type(pic) is not RecordingTensor:
         return wrapped(*args, **kwargs)
     mode = args[1] if len(args) > 1 else kwargs.get("mode")
+    settled(pic)
     head = pic.tail_at()
     steps = tuple(step[1] for step in pic.calls[head:])
     if (len(args) > 2 or set(kwargs) - {"pic", "mode"} or mode not in (None, "RGB") or pic.ndim != 3

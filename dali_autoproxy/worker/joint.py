@@ -28,7 +28,7 @@ from dali_autoproxy.config import logger
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.planning import Plan, build_joint_plan
 from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage
-from dali_autoproxy.plan.recording_tensor import RecordingTensor
+from dali_autoproxy.plan.recording_tensor import RecordingTensor, settled
 from dali_autoproxy.plan.translate.registry import transform_name
 from dali_autoproxy.transport import ENCODED, RAW, WHY_RECORDING, ProxySample
 from dali_autoproxy.tree import flatten, unflatten
@@ -75,6 +75,8 @@ class JointCall:
         found = [i for i, x in enumerate(out_leaves) if type(x) in (RecordingImage, RecordingTensor)]
         if len(found) != 1:
             raise NeedsPixels(f"the joint transform returned its image {len(found)} times")
+        if type(out_leaves[found[0]]) is RecordingTensor:
+            settled(out_leaves[found[0]])  # not a half-written border
         self.output = (out_leaves, out_spec, found[0])
         return out_leaves[found[0]]
 
