@@ -333,10 +333,11 @@ def test_a_factor_torchvision_refuses_raises_plains_error(coco_root):
 
 def test_the_detection_references_presets_unchanged(coco_root):
     """torchvision's own ``references/detection/presets.py`` and ``transforms.py`` (set
-    TORCHVISION_REFERENCES to a checkout's ``references`` folder), every augmentation but lsj
-    (whose FixedSizeCrop the references mark as not working on tensors), as ``train.py`` builds
-    it: v2 with the PIL, tensor and tv_tensor backends, and v1 with the tensor backend (the
-    references' own classes on a tensor; v1's PIL backend: the test below). Targets equal plain's;
+    TORCHVISION_REFERENCES to a checkout's ``references`` folder), every augmentation as
+    ``train.py`` builds it (v2's lsj raises plain's error: its v1 FixedSizeCrop returns plain
+    tensors, and SanitizeBoundingBoxes finds no boxes): v2 with the PIL, tensor and tv_tensor
+    backends, and v1 with the tensor backend (the references' own classes on a tensor; v1's PIL
+    backend: the test below). Targets equal plain's;
     images equal, within a level where a tensor is resized (torch's uint8 resize against
     Pillow's); every image decoded on DALI (v1's tensor ``ssd`` too: its RandomZoomOut pads with
     zeros and writes the fill into the border's four strips, recorded as a pad with the fill)."""
@@ -356,6 +357,15 @@ def test_the_detection_references_presets_unchanged(coco_root):
                 assert_same_detection(ref, out, levels=levels)
                 rep = last_report()
                 assert rep["proxied"] and rep["decode"] == "DALI 100%", (use_v2, backend, augmentation, rep)
+        for backend in ("pil", "tensor"):
+            ds = coco_dataset(coco_root, presets.DetectionPresetTrain(data_augmentation="lsj", backend=backend,
+                                                                      use_v2=True))
+            errors = []
+            for proxied in (False, True):
+                with pytest.raises(ValueError) as info:
+                    load_all(ds, autoproxy=proxied, collate_fn=collate_fn, batch_size=4, seed=9, device="cpu")
+                errors.append(str(info.value).strip().splitlines()[-1])
+            assert errors[0] == errors[1] and "No bounding boxes" in errors[0], errors
     finally:
         sys.path.remove(os.path.join(where, "detection"))
         sys.modules.pop("presets", None)
