@@ -486,6 +486,37 @@ def test_the_stage_takes_samples_of_their_own_sizes_as_one_padded_batch():
         assert torch.equal(together[k], alone), k
 
 
+def test_the_stage_runs_torchvisions_tensor_colour_kernels_on_samples_of_their_own_sizes():
+    """The recorded tensor colour calls (v1's and v2's adjust_contrast, hue, saturation,
+    brightness) on a padded batch of photographs of different sizes, each contrast over its
+    sample's own region in one pass: every pixel equal to torchvision's own kernels on each
+    sample alone."""
+    import numpy as np
+    import torchvision.transforms.functional as F1
+    import torchvision.transforms.v2.functional as F2
+    from photos import photographs
+
+    from dali_autoproxy.backends.torch_stage import TorchStage
+    from dali_autoproxy.plan.pillow_ops import CALL_CODE, RaggedPillowCall
+    code = CALL_CODE
+    rows = np.array([[code["tv_contrast"], 0.6, 1, 0, code["tv_hue"], 0.03, 1, 0],
+                     [code["tv_contrast"], 1.3, 0, 0, code["tv_saturation"], 1.4, 0, 0],
+                     [code["tv_contrast"], 1.7, 1, 0, code["tv_brightness"], 0.9, 1, 0],
+                     [code["tv_saturation"], 0.5, 1, 0, code["tv_contrast"], 1.45, 0, 0]], dtype=np.float64)
+    names = {c: n[len("tv_"):] for n, c in code.items() if n.startswith("tv_")}
+    for photo in photographs()[:3]:
+        samples = [torch.from_numpy(np.ascontiguousarray(photo[:h, :w]))
+                   for h, w in ((140, 164), (157, 133), (121, 190), (90, 90))]
+        together = TorchStage([RaggedPillowCall(0), RaggedPillowCall(4)])(samples, rows)
+        for k, sample in enumerate(samples):
+            expected = sample.permute(2, 0, 1).contiguous()
+            for at in (0, 4):
+                functional = F2 if rows[k, at + 2] else F1
+                expected = getattr(functional, f"adjust_{names[rows[k, at]]}")(expected, float(rows[k, at + 1]))
+            got = together[k].permute(2, 0, 1) if together[k].shape[-1] == 3 else together[k]
+            assert torch.equal(got, expected), k
+
+
 @pytest.mark.parametrize("sliced", [False, True])
 def test_a_pad_then_a_crop_inside_it_is_one_crop(sliced, monkeypatch):
     """RandomZoomOut's canvas then RandomIoUCrop inside it, with unused recorded-call positions

@@ -92,6 +92,32 @@ def _permute(x: torch.Tensor, a, b, c) -> torch.Tensor:
     return torch.gather(x, 1, order.expand(-1, -1, x.shape[2], x.shape[3]))
 
 
+def _tensor_contrast_in_regions(x: torch.Tensor, factor: np.ndarray, api: np.ndarray,
+                                sizes: np.ndarray) -> torch.Tensor:
+    """torchvision's tensor adjust_contrast on each sample of a padded batch at once: the mean of
+    its grayscale (whole numbers) over its own region (an exact integer sum divided in float64,
+    then float32, where torchvision sums in float32), the blend inside the region."""
+    hw = upload(np.asarray(sizes, dtype=np.int64), x.device)
+    ys = torch.arange(x.shape[2], device=x.device).view(1, -1, 1)
+    xs = torch.arange(x.shape[3], device=x.device).view(1, 1, -1)
+    region = ((ys < hw[:, 0].view(-1, 1, 1)) & (xs < hw[:, 1].view(-1, 1, 1))).unsqueeze(1)  # [B, 1, H, W]
+    out = x.clone()
+    for v2 in (0.0, 1.0):
+        rows = np.flatnonzero(np.asarray(api) == v2)
+        if not len(rows):
+            continue
+        contrast = tensor_jitter_kernels("v2" if v2 else "v1")[1]
+        index = upload(rows, x.device)
+        img = x.index_select(0, index).to(torch.uint8)
+        inside = region.index_select(0, index)
+        gray = contrast.gray(img).to(torch.float64)
+        total = torch.where(inside, gray, 0.0).sum(dim=(1, 2, 3))
+        mean = (total / (hw[index, 0] * hw[index, 1]).to(torch.float64)).to(torch.float32).view(-1, 1, 1, 1)
+        f = upload(np.asarray(factor, dtype=np.float64)[rows], x.device).view(-1, 1, 1, 1)
+        out[index] = torch.where(inside, contrast.mix(img, mean, f).to(x.dtype), x.index_select(0, index))
+    return out
+
+
 def _tensor_color(which: int) -> Call:
     """torchvision's tensor adjust_brightness / contrast / saturation / hue (v1's where ``b`` is 0,
     v2's where 1) on the samples as uint8 tensors, each with its own factor ``a``."""
@@ -173,6 +199,10 @@ def _pillow_call(x: torch.Tensor, op: PillowCall, batch: Batch) -> torch.Tensor:
         name = PILLOW_CALLS[code]
         if ragged and name == "contrast":  # the one mean of a region: all samples together
             x = update_rows(x, rows, lambda sub, _, rows=rows: _contrast_in_regions(sub, a[rows], batch.sizes[rows]))
+            continue
+        if ragged and name == "tv_contrast":
+            x = update_rows(x, rows, lambda sub, _, rows=rows: _tensor_contrast_in_regions(
+                sub, a[rows], b[rows], batch.sizes[rows]))
             continue
         if ragged and name not in PER_PIXEL:
             x = _each_in_its_region(x, rows, batch.sizes, CALLS[name], a, b, c)

@@ -67,6 +67,7 @@ def tensor_jitter_kernels(api: str):
 
     def contrast(img, f):
         return mix(img, torch.mean(contrast_gray(img), dim=(-3, -2, -1), keepdim=True), f)
+    contrast.gray, contrast.mix = contrast_gray, mix  # its two halves, for samples of their own sizes
 
     def saturation(img, f):
         return mix(img, gray(img), f)
