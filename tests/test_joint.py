@@ -312,6 +312,30 @@ def test_a_half_written_border_needs_pixels(coco_root):
     assert not rep["proxied"] and "needs pixels (tensor __setitem__)" in rep["reason"], rep
 
 
+class SometimesHalfWritten(torch.nn.Module):
+    """Half the samples written into half a pad's border (needs pixels), the others only made a tensor."""
+
+    def forward(self, image, target=None):
+        import torchvision.transforms.functional as F
+        if torch.rand(1) < 0.5:
+            return JointTensorZoomOut(strips=2)(image, target)
+        return F.convert_image_dtype(F.pil_to_tensor(image), torch.float), target
+
+
+def test_images_a_declined_joint_call_decodes_count_in_the_decode_share(coco_root):
+    """Once a joint class needs pixels, its later samples run as written and Pillow decodes their
+    JPEGs in the worker: the report's decode share counts every sample once, DALI's and the
+    worker's (with the reason), not only those that reached DALI."""
+    ds = CocoWithTarget(coco_root, ReferencesStyleCompose([SometimesHalfWritten()]))
+    ref = load_all(ds, autoproxy=False, collate_fn=collate_fn, batch_size=4, seed=2)
+    out = load_all(ds, autoproxy=True, collate_fn=collate_fn, batch_size=4, seed=2, device="cpu")
+    assert_same_detection(ref, out)
+    rep = last_report()
+    in_worker = sum(rep["decoded_in_worker"].values())
+    assert rep["decoded_on_dali"] + in_worker == len(ds) and in_worker > 0, rep
+    assert "worker" in rep["decode"] and "needs pixels (tensor __setitem__)" in rep["decode"], rep
+
+
 class JointBadBrightness(torch.nn.Module):
     """A joint class passing a factor torchvision refuses."""
 

@@ -33,7 +33,7 @@ from dali_autoproxy.plan.planning import ENDS_AS_PIL, build_head_plan, build_pla
 from dali_autoproxy.plan.translate.registry import is_chain, transform_name
 from dali_autoproxy.transport import ProxyBatch, ProxyCollated, ProxySample, Unrouted
 from dali_autoproxy.tree import flatten
-from dali_autoproxy.worker.deferred import defer_convert
+from dali_autoproxy.worker.deferred import LazyPixels, defer_convert
 from dali_autoproxy.worker.handover import HeadNode
 from dali_autoproxy.worker.joint import NOT_TAKEN, JointNode
 from dali_autoproxy.worker.proxy_node import ProxyNode
@@ -53,7 +53,7 @@ class ChainRouter:
         self.produced: List[int] = []  # ids of chains that made ProxySamples during this fetch
         self.passed_over: Dict[str, int] = {}  # calls not taken over since the last batch, by why
         self.taken = 0  # calls that made a ProxySample since the last batch
-        self.decoded_here: Dict[str, int] = {}  # images the outermost declined joint calls decoded, by why
+        self.decoded_here: Dict[str, int] = {}  # JPEGs the outermost declined joint calls decoded here, by why
         self.declined: Optional[str] = None  # why the last joint call left to run as written was left
 
     def batch_done(self, batch: Any) -> Any:
@@ -157,9 +157,20 @@ def _take_joint(router: ChainRouter, instance: Any, args: tuple, kwargs: dict, j
         why = node.why
     router.passed_over[why] = router.passed_over.get(why, 0) + 1
     router.declined = why
-    if local.declined is None and any(isinstance(x, Image.Image) for x in flatten((args, kwargs))[0]):
-        router.decoded_here[why] = router.decoded_here.get(why, 0) + 1  # run as written: Pillow decodes it here
     return NOT_TAKEN
+
+
+def _still_encoded(args: tuple, kwargs: dict) -> List[Any]:
+    """The call's JPEGs whose pixels nothing has needed yet (``worker/deferred.py``)."""
+    return [x for x in flatten((args, kwargs))[0] if isinstance(x, LazyPixels) and x.deferred]
+
+
+def _count_decoded(router: ChainRouter, why: str, watched: List[Any]) -> None:
+    """The watched JPEGs that running a declined joint call as written decoded here, counted
+    with why (those it handed on, still encoded, to a chain that was taken are not)."""
+    n = sum(1 for img in watched if not img.deferred)
+    if n:
+        router.decoded_here[why] = router.decoded_here.get(why, 0) + n
 
 
 def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -169,24 +180,28 @@ def on_chain_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
         return wrapped(*args, **kwargs)
     joint = _joint_call(instance, args, kwargs)
     users_class = joint_class(type(instance)) and not is_chain(instance)  # a registered equivalent is a chain
-    declined = local.declined
+    declined, watched = local.declined, []
     if joint is not None:
         out = _take_joint(router, instance, args, kwargs, joint)
         if out is not NOT_TAKEN:
             return out
         declined = router.declined
+        if local.declined is None:  # the outermost call left as written: what it decodes, it decodes here
+            watched = _still_encoded(args, kwargs)
     if users_class:  # a user's two-argument class: run as written, the chain calls inside it may be taken
         before, local.declined = local.declined, declined  # an image decoded inside it was decoded for it
         try:
             return wrapped(*args, **kwargs)
         finally:
             local.declined = before
+            _count_decoded(router, declined, watched)
     if joint is not None or kwargs or len(args) != 1:
         local.depth += 1  # the chain's own calls inside are not taken either
         try:
             return wrapped(*args, **kwargs)
         finally:
             local.depth -= 1
+            _count_decoded(router, declined, watched)
     node = router.node_for(instance)
     local.depth += 1
     try:
