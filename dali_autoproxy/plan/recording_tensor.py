@@ -13,25 +13,18 @@ order: what the detection presets' tensor backends do. Its ``device`` reads as t
 fill the user's code makes "on the image's device" holds real values; writing such a fill into
 the whole border of a pad is that pad's fill. Anything else done to it (arithmetic, other
 indexing, another function) needs its values: it raises ``NeedsPixels`` and the class runs in
-the worker, as for a recording image. Only these module functions, called as attributes of
-their modules, are recorded (``TENSOR_HOOKS``).
+the worker, as for a recording image. Only the module functions that
+``plan/recording_tensor_hooks.py`` wraps, called as attributes of their modules, are recorded.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any, Tuple
 
 import torch
 import torchvision.transforms as T
-import torchvision.transforms.functional as F1
 import torchvision.transforms.v2 as v2
-import torchvision.transforms.v2.functional as F2
-from PIL import Image
-from torchvision import tv_tensors
-from torchvision.transforms import InterpolationMode
 
-from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, _needs_pixels, _user_frame, recording
-from dali_autoproxy.plan.tv_internals import v2_pil_kernels
+from dali_autoproxy.plan.recording import NeedsPixels, _user_frame, recording
 
 _METADATA = {torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.ndim.__get__,
              torch.Tensor.size, torch.Tensor.dim, torch.Tensor.is_floating_point,
@@ -107,7 +100,7 @@ def _write_border(t: "RecordingTensor", index: Any, value: Any) -> bool:
     if r0 >= r1 or c0 >= c1:
         return True  # nothing written
     fill = _written_fill(value)
-    if t.pad_border is None or fill is None or not _layout_only(t) or t.calls[t.tail_at() - 1][0] != "pad":
+    if t.pad_border is None or fill is None or not layout_only(t) or t.calls[t.tail_at() - 1][0] != "pad":
         return False
     top, left, h, w = t.pad_border
     height, width = int(t.shape[1]), int(t.shape[2])
@@ -155,7 +148,7 @@ def _written_fill(value: Any) -> Any:
     return tuple(values * 3)[:3] if len(values) == 1 else tuple(values)
 
 
-def _before_tail(t: "RecordingTensor", call: Tuple[Any, ...], shape: Any = None) -> "RecordingTensor":
+def before_tail(t: "RecordingTensor", call: Tuple[Any, ...], shape: Any = None) -> "RecordingTensor":
     """``t`` with ``call`` recorded as the image's, after its calls so far and before the tensor
     steps (which the caller has checked it commutes with); ``shape``: the tensor's new shape."""
     settled(t)
@@ -164,14 +157,14 @@ def _before_tail(t: "RecordingTensor", call: Tuple[Any, ...], shape: Any = None)
                               t.stands_in_for)
 
 
-def _layout_only(t: "RecordingTensor") -> bool:
+def layout_only(t: "RecordingTensor") -> bool:
     """The tensor steps so far only lay the image's uint8 values out as a CHW tensor of three
     channels (pil_to_tensor, to_image): a uint8 kernel on the tensor is that kernel on the image."""
     return (t.dtype == torch.uint8 and t.ndim == 3 and t.shape[0] == 3
             and all(step[1] in _LAYOUT for step in t.calls[t.tail_at():]))
 
 
-def _channel_order(index: Any) -> Any:
+def channel_order(index: Any) -> Any:
     """An index of whole numbers as a list (an integer tensor, a list or tuple of ints), else
     None: a float or bool index, a slice, anything torch would read otherwise."""
     if isinstance(index, torch.Tensor):
@@ -193,11 +186,11 @@ def _channels_indexed(t: "RecordingTensor", index: Any) -> Any:
     if t.ndim != 3 or not index or len(index) > 3 or any(
             not (isinstance(k, slice) and k == slice(None)) for k in index[1:]):
         return None
-    order = _channel_order(index[0])
+    order = channel_order(index[0])
     head = t.tail_at()
-    if order is None or sorted(order) != [0, 1, 2] or any(step[1] not in _ZERO_KEEPING for step in t.calls[head:]):
+    if order is None or sorted(order) != [0, 1, 2] or any(step[1] not in ZERO_KEEPING for step in t.calls[head:]):
         return None
-    return _before_tail(t, ("permute",) + tuple(float(k) for k in order))
+    return before_tail(t, ("permute",) + tuple(float(k) for k in order))
 
 
 def equivalent(spec: Tuple[Any, ...]) -> Any:
@@ -211,280 +204,5 @@ def equivalent(spec: Tuple[Any, ...]) -> Any:
             "convert_image_dtype": lambda: T.ConvertImageDtype(torch.float32)}[name]()
 
 
-def _first(args: tuple, kwargs: dict, name: str) -> Any:
-    return args[0] if args else kwargs.get(name, kwargs.get("image"))  # a v2 kernel names it ``image``
-
-
-def _made_tensor(name: str, dtype: torch.dtype, stands_in_for: type = torch.Tensor):
-    """A hook of a function that makes a CHW tensor of a PIL image (to_tensor, pil_to_tensor, to_image)."""
-    def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        img = args[0] if args else None
-        if type(img) is not RecordingImage or len(args) != 1 or kwargs:
-            return wrapped(*args, **kwargs)
-        if img.mode != "RGB":
-            raise _needs_pixels()
-        width, height = img.size
-        return RecordingTensor.of((3, height, width), dtype, img.calls + (("tensor", name),), stands_in_for)
-    return hook
-
-
-def _normalize(api: str):
-    def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        t = _first(args, kwargs, "tensor" if api == "v1" else "inpt")
-        if type(t) is not RecordingTensor:
-            return wrapped(*args, **kwargs)
-        named = dict(zip(("mean", "std", "inplace"), args[1:]), **{k: v for k, v in kwargs.items()
-                                                                  if k not in ("tensor", "inpt")})
-        mean, std = named.get("mean"), named.get("std")
-        if t.dtype != torch.float32 or mean is None or std is None or set(named) - {"mean", "std", "inplace"}:
-            raise NeedsPixels("tensor normalize", _user_frame())  # torchvision's own error, in the worker
-        as_floats = [tuple(float(v) for v in torch.as_tensor(x, dtype=torch.float64).flatten()) for x in (mean, std)]
-        return t.then("normalize", as_floats[0], as_floats[1], api)
-    return hook
-
-
-def _to_float(name: str):
-    """v1's convert_image_dtype(t, float32) and v2's to_dtype(t, float32, scale) of a uint8 tensor."""
-    def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        t = _first(args, kwargs, "image" if name == "convert_image_dtype" else "inpt")
-        if type(t) is not RecordingTensor:
-            return wrapped(*args, **kwargs)
-        dtype = args[1] if len(args) > 1 else kwargs.get("dtype", torch.float)
-        scale = args[2] if len(args) > 2 else kwargs.get("scale", False)
-        if dtype != torch.float32 or t.dtype != torch.uint8 or (name == "convert_image_dtype" and len(args) > 2):
-            raise NeedsPixels(f"tensor {name}", _user_frame())
-        return t.then(*((name,) if name == "convert_image_dtype" else (name, bool(scale))), dtype=torch.float32)
-    return hook
-
-
-_ZERO_KEEPING = frozenset(("to_tensor", "pil_to_tensor", "to_image", "convert_image_dtype", "to_dtype"))  # 0 -> 0
+ZERO_KEEPING = frozenset(("to_tensor", "pil_to_tensor", "to_image", "convert_image_dtype", "to_dtype"))  # 0 -> 0
 _LAYOUT = frozenset(("pil_to_tensor", "to_image"))  # the uint8 values as they are
-
-
-def _tensor_crop(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """v2's ``crop`` (v1's) of a tensor image (RandomIoUCrop, RandomCrop on the tensor backends): outside
-    the image zeros, as Pillow's crop. On a recorded tensor whose steps so far map each pixel on
-    its own and keep 0 at 0 (the conversions to a tensor and to float), the crop is the same
-    before them: recorded as the image's crop, the tensor steps after it."""
-    t = args[0] if args else kwargs.get("image", kwargs.get("img"))
-    if type(t) is not RecordingTensor:
-        return wrapped(*args, **kwargs)
-    named = dict(zip(("top", "left", "height", "width"), args[1:]),
-                 **{k: v for k, v in kwargs.items() if k not in ("image", "img")})
-    box = [named.get(k) for k in ("top", "left", "height", "width")]
-    if set(named) != {"top", "left", "height", "width"} or not all(type(v) is int for v in box):
-        raise NeedsPixels("tensor crop", _user_frame())
-    top, left, height, width = box
-    if height <= 0 or width <= 0 or t.ndim != 3 or any(step[1] not in _ZERO_KEEPING for step in t.calls[t.tail_at():]):
-        raise NeedsPixels("tensor crop", _user_frame())
-    return _before_tail(t, ("crop", top, left, height, width), (t.shape[0], height, width))
-
-
-def _tensor_flip(name: str):
-    """v2's ``horizontal_flip`` / ``vertical_flip`` (v1's ``hflip`` / ``vflip``) of a tensor image:
-    a flip commutes with the tensor steps (each maps a pixel on its own), so it is recorded as the
-    image's flip before them."""
-    def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        t = args[0] if args else kwargs.get("image", kwargs.get("img"))
-        if type(t) is not RecordingTensor:
-            return wrapped(*args, **kwargs)
-        if len(args) + len(kwargs) != 1 or t.ndim != 3:
-            raise NeedsPixels(f"tensor {name}", _user_frame())
-        return _before_tail(t, (name, 0.0, 0.0, 0.0))
-    return hook
-
-
-def _tensor_color(name: str, api: str):
-    """torchvision's tensor ``adjust_brightness`` / ``contrast`` / ``saturation`` / ``hue`` (v1's
-    functional, v2's tensor kernel: RandomPhotometricDistort and ColorJitter on the tensor
-    backends) of a tensor that is the image's uint8 values: recorded as the image's call
-    ``tv_<name>``, which runs torchvision's tensor arithmetic on them, in chain order."""
-    factor_name = f"{name}_factor"
-
-    def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        t = args[0] if args else kwargs.get("image", kwargs.get("img"))
-        if type(t) is not RecordingTensor:
-            return wrapped(*args, **kwargs)
-        named = dict(zip(("image", factor_name), args), **{k: v for k, v in kwargs.items() if k != "img"})
-        factor = named.get(factor_name)
-        valid = (isinstance(factor, numbers.Real) and not isinstance(factor, bool)
-                 and set(named) == {"image", factor_name}
-                 and (-0.5 <= factor <= 0.5 if name == "hue" else factor >= 0))
-        if not valid or not _layout_only(t):  # torchvision's own error, or float values: in the worker
-            raise NeedsPixels(f"tensor adjust_{name}", _user_frame())
-        return _before_tail(t, (f"tv_{name}", float(factor), 1.0 if api == "v2" else 0.0, 0.0))
-    return hook
-
-
-def _tensor_permute_channels(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """v2's ``permute_channels`` of a tensor image: the image's channel permutation, before tensor
-    steps that treat every channel alike."""
-    t = args[0] if args else kwargs.get("image")
-    if type(t) is not RecordingTensor:
-        return wrapped(*args, **kwargs)
-    named = dict(zip(("image", "permutation"), args), **kwargs)
-    order = _channel_order(named.get("permutation"))
-    if (set(named) != {"image", "permutation"} or order is None or sorted(order) != [0, 1, 2] or t.ndim != 3
-            or any(step[1] not in _ZERO_KEEPING for step in t.calls[t.tail_at():])):
-        raise NeedsPixels("tensor permute_channels", _user_frame())
-    return _before_tail(t, ("permute",) + tuple(float(k) for k in order))
-
-
-def _tensor_resize(api: str):
-    """The bilinear, antialiased resize of a tensor that is the image's uint8 values (v2's tensor
-    kernel: RandomShortestSize, ScaleJitter, RandomResize; v1's ``resize``), at the size
-    torchvision computes: recorded as the image's resize with Pillow's bilinear filter. torch's
-    uint8 arithmetic is not Pillow's fixed point: the two differ by at most a level here and
-    there (``tests/test_joint.py``'s TENSOR_RESIZE_LEVELS; docs/how-it-works.md)."""
-    def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        t = args[0] if args else kwargs.get("image", kwargs.get("img"))
-        if type(t) is not RecordingTensor:
-            return wrapped(*args, **kwargs)
-        named = dict(zip(("image", "size", "interpolation", "max_size", "antialias"), args),
-                     **{k: v for k, v in kwargs.items() if k != "img"})
-        interpolation = named.get("interpolation", InterpolationMode.BILINEAR)
-        bilinear = (interpolation is InterpolationMode.BILINEAR or (api == "v2" and interpolation == "bilinear")
-                    or (type(interpolation) is int and interpolation == Image.Resampling.BILINEAR))
-        if (not bilinear or named.get("antialias", True) is not True
-                or set(named) - {"image", "size", "interpolation", "max_size", "antialias"} or not _layout_only(t)):
-            raise NeedsPixels("tensor resize", _user_frame())
-        height, width = int(t.shape[1]), int(t.shape[2])
-        size, max_size = named.get("size"), named.get("max_size")
-        try:
-            size = [size] if isinstance(size, int) else list(size)
-            if api == "v1" and max_size is not None and len(size) != 1:
-                raise ValueError("v1's resize refuses max_size with two sizes")
-            new_h, new_w = (int(v) for v in _resized_size(api)((height, width), size, max_size))
-        except (TypeError, ValueError):
-            raise NeedsPixels("tensor resize", _user_frame()) from None  # torchvision's own error, in the worker
-        if (new_h, new_w) == (height, width):
-            return t
-        if new_h <= 0 or new_w <= 0:
-            raise NeedsPixels("tensor resize", _user_frame())
-        top, left, bottom, right = 0.0, 0.0, float(height), float(width)
-        return _before_tail(t, ("resize", new_h, new_w, int(Image.Resampling.BILINEAR), top, left, bottom, right),
-                            (3, new_h, new_w))
-    return hook
-
-
-def _resized_size(api: str) -> Any:
-    """torchvision's own output-size rule of its resize (v1's or v2's)."""
-    if api == "v1":
-        return F1._compute_resized_output_size
-    from torchvision.transforms.v2.functional import _geometry
-    return _geometry._compute_resized_output_size
-
-
-def _tensor_pad(api: str):
-    """A constant pad of a tensor that is the image's uint8 values (v2's tensor kernel:
-    RandomZoomOut, Pad; v1's ``pad``) with a fill torchvision turns into the same uint8 values
-    every time: recorded as the image's pad with that fill."""
-    def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        t = args[0] if args else kwargs.get("image", kwargs.get("img"))
-        if type(t) is not RecordingTensor:
-            return wrapped(*args, **kwargs)
-        named = dict(zip(("image", "padding", "fill", "padding_mode"), args),
-                     **{k: v for k, v in kwargs.items() if k != "img"})
-        borders, fill = _pad_borders(named.get("padding")), _uint8_fill(named.get("fill"), api)
-        if (borders is None or fill is None or named.get("padding_mode", "constant") != "constant"
-                or set(named) - {"image", "padding", "fill", "padding_mode"} or not _layout_only(t)):
-            raise NeedsPixels("tensor pad", _user_frame())
-        left, top, right, bottom = borders
-        if borders == (0, 0, 0, 0):
-            return t
-        height, width = int(t.shape[1]) + top + bottom, int(t.shape[2]) + left + right
-        out = _before_tail(t, ("pad", fill, -top, -left, height, width), (3, height, width))
-        out.pad_border = (top, left, int(t.shape[1]), int(t.shape[2]))
-        return out
-    return hook
-
-
-def _pad_borders(padding: Any) -> Any:
-    """(left, top, right, bottom) of torchvision's padding argument (an int, or 1, 2 or 4 of
-    them), all at least 0; else None (a negative border crops: in the worker)."""
-    if type(padding) is int:
-        padding = [padding]
-    if not isinstance(padding, (list, tuple)) or not all(type(v) is int and v >= 0 for v in padding):
-        return None
-    if len(padding) == 1:
-        return (padding[0],) * 4
-    if len(padding) == 2:
-        return (padding[0], padding[1], padding[0], padding[1])
-    return tuple(padding) if len(padding) == 4 else None
-
-
-def _uint8_fill(fill: Any, api: str) -> Any:
-    """The three uint8 values torchvision pads a uint8 tensor with, as floats: a scalar fill
-    (v1's only kind) given to torch's pad, a list of three made a tensor and cast (v2's); None
-    where the cast would not be well defined (outside 0..255, a fraction given to torch's pad)."""
-    if fill is None and api == "v2":
-        fill = 0
-    if api == "v2" and isinstance(fill, (list, tuple)) and len(fill) == 1:
-        fill = fill[0]
-    if isinstance(fill, numbers.Real) and not isinstance(fill, bool):
-        return (float(fill),) * 3 if float(fill).is_integer() and 0 <= fill <= 255 else None
-    if api == "v2" and isinstance(fill, (list, tuple)) and len(fill) == 3 and all(
-            isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 <= v < 256 for v in fill):
-        return tuple(float(v) for v in torch.tensor(fill).to(torch.uint8).tolist())
-    return None
-
-
-_BACK_TO_THE_SAME_IMAGE = {("pil_to_tensor",), ("to_tensor",), ("pil_to_tensor", "convert_image_dtype")}
-
-
-def _to_pil_image(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """v1's ``to_pil_image`` of a recorded tensor made of the image by ``pil_to_tensor`` (and
-    ``convert_image_dtype`` to float) or ``to_tensor``: every one of the 256 values comes back as
-    it was (``round(v / 255 * 255)`` truncated is ``v`` in float32), so the image is the
-    recording image of the calls before the tensor steps."""
-    pic = args[0] if args else kwargs.get("pic")
-    if type(pic) is not RecordingTensor:
-        return wrapped(*args, **kwargs)
-    mode = args[1] if len(args) > 1 else kwargs.get("mode")
-    settled(pic)
-    head = pic.tail_at()
-    steps = tuple(step[1] for step in pic.calls[head:])
-    if (len(args) > 2 or set(kwargs) - {"pic", "mode"} or mode not in (None, "RGB") or pic.ndim != 3
-            or pic.shape[0] != 3 or steps not in _BACK_TO_THE_SAME_IMAGE):
-        raise NeedsPixels("tensor to_pil_image", _user_frame())
-    return RecordingImage((int(pic.shape[2]), int(pic.shape[1])), "RGB", pic.calls[:head])
-
-
-def _to_dtype_per_type(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """v2's ``ToDtype`` given a dtype per type (the segmentation references' ``{tv_tensors.Image
-    or torch.Tensor: float32, Mask: int64, "others": None}``) looks the input's exact type up: a
-    recorded tensor gets the dtype of the type it stands in for, as plain's tensor would."""
-    inpt = args[0] if args else kwargs.get("inpt")
-    dtypes = getattr(instance, "dtype", None)
-    if type(inpt) is not RecordingTensor or not isinstance(dtypes, dict) or inpt.stands_in_for not in dtypes:
-        return wrapped(*args, **kwargs)  # its "others" entry, or torchvision's own error
-    dtype = dtypes[inpt.stands_in_for]
-    if dtype is None:
-        return inpt
-    return instance._call_kernel(F2.to_dtype, inpt, dtype=dtype, scale=instance.scale)
-
-
-# (owner, attribute, wrapt wrapper): installed in a proxied loader's workers with PILLOW_HOOKS
-TENSOR_HOOKS = [(F1, "to_tensor", _made_tensor("to_tensor", torch.float32)),
-                (F1, "pil_to_tensor", _made_tensor("pil_to_tensor", torch.uint8)),
-                (F2, "to_image", _made_tensor("to_image", torch.uint8, tv_tensors.Image)),
-                (F2, "pil_to_tensor", _made_tensor("pil_to_tensor", torch.uint8)),
-                (F1, "normalize", _normalize("v1")), (F2, "normalize", _normalize("v2")),
-                (F1, "convert_image_dtype", _to_float("convert_image_dtype")), (F2, "to_dtype", _to_float("to_dtype")),
-                (F1, "to_pil_image", _to_pil_image),
-                (F1, "crop", _tensor_crop), (F1, "hflip", _tensor_flip("hflip")), (F1, "vflip", _tensor_flip("vflip")),
-                (F1, "resize", _tensor_resize("v1")), (F1, "pad", _tensor_pad("v1"))] + [
-                (F1, f"adjust_{name}", _tensor_color(name, "v1"))
-                for name in ("brightness", "contrast", "saturation", "hue")] + [
-                (v2.ToDtype, "transform" if "transform" in vars(v2.ToDtype) else "_transform", _to_dtype_per_type)]
-for _functional, _hook in ((F2.to_dtype, _to_float("to_dtype")), (F2.normalize, _normalize("v2")),
-                           (F2.crop, _tensor_crop), (F2.horizontal_flip, _tensor_flip("hflip")),
-                           (F2.vertical_flip, _tensor_flip("vflip")), (F2.resize, _tensor_resize("v2")),
-                           (F2.pad, _tensor_pad("v2")), (F2.permute_channels, _tensor_permute_channels),
-                           (F2.adjust_brightness, _tensor_color("brightness", "v2")),
-                           (F2.adjust_contrast, _tensor_color("contrast", "v2")),
-                           (F2.adjust_saturation, _tensor_color("saturation", "v2")),
-                           (F2.adjust_hue, _tensor_color("hue", "v2"))):
-    _table = v2_pil_kernels(_functional)  # a v2 transform (ToDtype, Normalize) calls the tensor kernel it dispatches to
-    if _table is not None and torch.Tensor in _table:
-        TENSOR_HOOKS.append((_table, torch.Tensor, _hook))
