@@ -53,7 +53,7 @@ PILLOW_CALLS = (
     "tv_blur",         # torchvision's gaussian_blur on PIL: a = blur_window(v2, kx, ky), b, c = sigma x, y
     "permute",         # v2's permute_channels on PIL (RandomPhotometricDistort): a, b, c = the channel order
     # torchvision's tensor kernels on a uint8 tensor of the image (the detection presets' tensor
-    # backends, plan/recording_tensor.py): a = the factor, b = 0 for v1's, 1 for v2's
+    # backends, plan/recording_tensor_hooks.py): a = the factor, b = 0 for v1's, 1 for v2's
     "tv_brightness",   # adjust_brightness
     "tv_contrast",     # adjust_contrast
     "tv_saturation",   # adjust_saturation
