@@ -92,6 +92,18 @@ def _permute(x: torch.Tensor, a, b, c) -> torch.Tensor:
     return torch.gather(x, 1, order.expand(-1, -1, x.shape[2], x.shape[3]))
 
 
+def _by_api(x: torch.Tensor, api, run: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """``run(samples, rows, index, kernels)`` for the samples of each API (``api`` 0: v1's tensor
+    kernels, 1: v2's), written back into a copy of ``x``."""
+    out = x.clone()
+    for v2 in (0.0, 1.0):
+        rows = np.flatnonzero(np.asarray(api) == v2)
+        if len(rows):
+            index = upload(rows, x.device)
+            out[index] = run(x.index_select(0, index), rows, index, tensor_jitter_kernels("v2" if v2 else "v1"))
+    return out
+
+
 def _tensor_contrast_in_regions(x: torch.Tensor, factor: np.ndarray, api: np.ndarray,
                                 sizes: np.ndarray) -> torch.Tensor:
     """torchvision's tensor adjust_contrast on each sample of a padded batch at once: the mean of
@@ -101,37 +113,25 @@ def _tensor_contrast_in_regions(x: torch.Tensor, factor: np.ndarray, api: np.nda
     ys = torch.arange(x.shape[2], device=x.device).view(1, -1, 1)
     xs = torch.arange(x.shape[3], device=x.device).view(1, 1, -1)
     region = ((ys < hw[:, 0].view(-1, 1, 1)) & (xs < hw[:, 1].view(-1, 1, 1))).unsqueeze(1)  # [B, 1, H, W]
-    out = x.clone()
-    for v2 in (0.0, 1.0):
-        rows = np.flatnonzero(np.asarray(api) == v2)
-        if not len(rows):
-            continue
-        contrast = tensor_jitter_kernels("v2" if v2 else "v1")[1]
-        index = upload(rows, x.device)
-        img = x.index_select(0, index).to(torch.uint8)
-        inside = region.index_select(0, index)
-        gray = contrast.gray(img).to(torch.float64)
-        total = torch.where(inside, gray, 0.0).sum(dim=(1, 2, 3))
+
+    def run(sub, rows, index, kernels):
+        contrast, img, inside = kernels[1], sub.to(torch.uint8), region.index_select(0, index)
+        total = torch.where(inside, contrast.gray(img).to(torch.float64), 0.0).sum(dim=(1, 2, 3))
         mean = (total / (hw[index, 0] * hw[index, 1]).to(torch.float64)).to(torch.float32).view(-1, 1, 1, 1)
         f = upload(np.asarray(factor, dtype=np.float64)[rows], x.device).view(-1, 1, 1, 1)
-        out[index] = torch.where(inside, contrast.mix(img, mean, f).to(x.dtype), x.index_select(0, index))
-    return out
+        return torch.where(inside, contrast.mix(img, mean, f).to(x.dtype), sub)
+    return _by_api(x, api, run)
 
 
 def _tensor_color(which: int) -> Call:
     """torchvision's tensor adjust_brightness / contrast / saturation / hue (v1's where ``b`` is 0,
     v2's where 1) on the samples as uint8 tensors, each with its own factor ``a``."""
-    def run(x: torch.Tensor, a, b, c) -> torch.Tensor:
-        out = x.clone()
-        for v2 in (0.0, 1.0):
-            rows = np.flatnonzero(np.asarray(b) == v2)
-            if len(rows):
-                f = upload(np.asarray(a, dtype=np.float64)[rows], x.device).view(-1, 1, 1, 1)
-                index = upload(rows, x.device)
-                kernel = tensor_jitter_kernels("v2" if v2 else "v1")[which]
-                out[index] = kernel(x.index_select(0, index).to(torch.uint8), f).to(x.dtype)
-        return out
-    return run
+    def call(x: torch.Tensor, a, b, c) -> torch.Tensor:
+        def run(sub, rows, index, kernels):
+            f = upload(np.asarray(a, dtype=np.float64)[rows], x.device).view(-1, 1, 1, 1)
+            return kernels[which](sub.to(torch.uint8), f).to(x.dtype)
+        return _by_api(x, b, run)
+    return call
 
 
 CALLS: Dict[str, Call] = {
