@@ -568,8 +568,8 @@ def test_a_pad_then_a_crop_inside_it_is_one_crop(sliced, monkeypatch):
         monkeypatch.setattr(resample, "crop_boxes", lambda *a: calls.append(1) or real(*a))
         together = TorchStage(ops)(samples, rows)
         assert len(calls) == (1 if fused else 2)
-        import dali_autoproxy.backends.torch_stage as stage
-        monkeypatch.setattr(stage, "crop_through_crop", lambda *a: None)
+        from dali_autoproxy.backends.torch_stage.registry import FUSED_RUNS
+        monkeypatch.setitem(FUSED_RUNS, Crop, lambda *a: None)
         apart = TorchStage(ops)(samples, rows)
         monkeypatch.undo()
         monkeypatch.setattr(resample, "SLICED_CROP_PIXELS", 0 if sliced else 1 << 40)

@@ -129,6 +129,26 @@ def test_a_whole_images_tables_come_with_every_size_up_to_a_multiple():
         assert (store.weights[w_at:w_at + out * taps].numpy() == weights.ravel()).all()
 
 
+def test_rows_located_by_their_codes_are_where_the_keys_are():
+    """``locate_rows`` (a sorted search of whole images' codes, or the keys one by one where a
+    box is not the whole image or a key is new) gives what ``locate`` gives, key by key, across
+    new keys, old ones and a start-over."""
+    from dali_autoproxy.backends.torch_stage import kept_tables as K
+    rng = np.random.default_rng(8)
+    store = K.KeptTables(torch.device("cpu"))
+    store.COMPUTED_ON = ("cpu",)
+    store.LIMIT = 400_000
+    for _ in range(10):
+        n = rng.integers(1, 600, 64).astype(np.float64)
+        rows = np.stack([n, 0 * n, n, rng.integers(1, 300, 64), rng.choice([0, 2, 3, 4], 64)], 1)
+        if rng.uniform() < 0.3:
+            rows[0, 1:3] = [1.5, 50.25]  # a box: the keys one by one
+        for batch in (rows, rows[::-1].copy(), rows[:5]):  # new, then kept
+            got = store.locate_rows(batch)
+            keys = [(int(a), float(b), float(c), int(d), int(e)) for a, b, c, d, e in batch.tolist()]
+            assert (got == store.locate(keys)).all()
+
+
 def test_kept_tables_shared_by_threads_stay_right():
     """Two loaders' pipeline threads asking one store for new and shared keys at once (and the
     host tables being cleared under them): every key's table is where the store says."""
@@ -173,19 +193,74 @@ def test_pass_order_follows_pillow():
 
 def _triton_resize(x, ins, outs, kinds, window=None):
     """The Triton passes on the batch as the torch stage hands it over: DALI's uint8 HWC, permuted."""
-    from dali_autoproxy.backends.torch_stage import _triton_resample, resample
+    from dali_autoproxy.backends.torch_stage import _triton_resample, fused_resize, resample
     order = resample.vertical_first(ins, outs)
     as_dali_made_it = x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().to(DEVICE).permute(0, 3, 1, 2)
-    return resample._by_order(lambda *a: resample._two_passes_triton(_triton_resample.resample_axis_stored, *a),
-                              as_dali_made_it, ins, outs, kinds, np.concatenate([0 * ins, ins], 1), order, window)
+    return fused_resize.two_passes(_triton_resample.resample_pass, as_dali_made_it, ins, outs, kinds,
+                                   np.concatenate([0 * ins, ins], 1).astype(np.float64), order, window)
+
+
+STAGE_CHAINS = {  # chains whose end the second pass does (flips, ToFloat, Normalize), and one it cannot
+    "train": lambda: T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor(),
+                                T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]),
+    "eval": lambda: T.Compose([T.Resize(72), T.CenterCrop(64), T.RandomVerticalFlip(), T.ToTensor(),
+                               T.Normalize([0.5], [0.25])]),
+    "v2 multiply": lambda: v2.Compose([v2.RandomResizedCrop(48, antialias=True), v2.RandomHorizontalFlip(),
+                                       v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True),
+                                       v2.Normalize([0.4, 0.5, 0.6], [0.2, 0.3, 0.4])]),
+    "own sizes, uint8": lambda: T.Compose([T.Resize(40), T.RandomHorizontalFlip(), T.PILToTensor()]),
+    "colour after": lambda: T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(),
+                                       T.ColorJitter(0.4, 0.4), T.ToTensor()]),
+}
+
+
+def stage_differences(device: str, seed: int = 0, n: int = 10) -> dict:
+    """Per chain, the values where the torch stage with the fused resize (Triton) differs from
+    the same stage as torch ops on the CPU, on photographs padded into DALI's hand-over."""
+    from dali_autoproxy.backends.torch_stage import TorchStage, fused_color, resample
+    from dali_autoproxy.plan.ir import PillowResize, split_at_takeover
+    from dali_autoproxy.plan.planning import build_plan
+    from dali_autoproxy.plan.settings import SETTINGS
+    rng, photos, out = np.random.default_rng(seed), photographs(), {}
+    for name, chain in STAGE_CHAINS.items():
+        SETTINGS["resize"] = "pillow"
+        try:
+            plan = build_plan(chain())
+        finally:
+            SETTINGS["resize"] = "dali"
+        ops = split_at_takeover(plan.ops)[1]
+        assert type(ops[0]) is PillowResize, ops
+        torch.manual_seed(seed)
+        sizes = [(int(rng.integers(60, 300)), int(rng.integers(60, 300))) for _ in range(n)]
+        params = np.array([plan.draw(h, w) for h, w in sizes])
+        resize = ops[0]
+        ins = params[:, resize.span("in_height", "in_width")].astype(np.int64)
+        x = torch.zeros((n, int(ins[:, 0].max()), int(ins[:, 1].max()), 3), dtype=torch.uint8)
+        for b, (h, w) in enumerate(ins.tolist()):
+            photo = photos[b % len(photos)]
+            x[b, :h, :w] = torch.from_numpy(photo[:h, :w].copy())
+        resample._FORCE_TORCH_OPS = True
+        try:
+            want = TorchStage(ops)(x, params)
+        finally:
+            resample._FORCE_TORCH_OPS = False
+        got = TorchStage(ops)(x.to(device), params)
+        assert fused_color._STATE["usable"] is not False, "the Triton kernel failed: the torch ops ran instead"
+        pairs = list(zip(want, got)) if isinstance(want, list) else [(want, got)]
+        out[name] = sum(int((a != b.cpu()).sum()) + int(a.dtype != b.dtype) + int(a.shape != b.shape)
+                        for a, b in pairs)
+    return out
 
 
 DEVICE = "cpu"
 
 
 def test_triton_kernel_in_tritons_interpreter_equals_pillow():
+    """The kernel against Pillow, and the stage with it (the chain's end folded into the second
+    pass) against the stage as torch ops: every value equal, in Triton's interpreter."""
     assert in_tritons_interpreter(__file__) == {"samples": 24, "different_from_pillow": 0,
-                                                "windowed": {"samples": 24, "different_from_pillow": 0}}
+                                                "windowed": {"samples": 24, "different_from_pillow": 0},
+                                                "stage": {name: 0 for name in STAGE_CHAINS}}
 
 
 @pytest.mark.gpu
@@ -196,6 +271,7 @@ def test_triton_kernel_on_the_gpu_equals_pillow():
         assert differences_from_pillow(_triton_resize, 2, 30) == {"samples": 180, "different_from_pillow": 0}
         assert differences_from_pillow(_triton_resize, 3, 30, windowed=True) == {
             "samples": 180, "different_from_pillow": 0}
+        assert stage_differences("cuda", n=64) == {name: 0 for name in STAGE_CHAINS}
     finally:
         DEVICE = "cpu"
 
@@ -275,5 +351,8 @@ if __name__ == "__main__":  # the interpreter test's subprocess
     DEVICE = sys.argv[1]
     from dali_autoproxy.backends.torch_stage.kept_tables import KeptTables
     KeptTables.COMPUTED_ON = ("cuda", "cpu")  # new tables computed by the device's torch ops, as on the GPU
+    from dali_autoproxy.backends.torch_stage import _triton_resample, resample
+    resample._triton_kernel = lambda x: _triton_resample.resample_pass  # the interpreted kernel on the CPU
     print(json.dumps(dict(differences_from_pillow(_triton_resize, 1, 4),
-                          windowed=differences_from_pillow(_triton_resize, 6, 4, windowed=True))))
+                          windowed=differences_from_pillow(_triton_resize, 6, 4, windowed=True),
+                          stage=stage_differences("cpu", n=4))))

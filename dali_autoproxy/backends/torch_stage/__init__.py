@@ -27,10 +27,9 @@ import torch
 from dali_autoproxy.backends.torch_stage.color import hue_tables
 from dali_autoproxy.backends.torch_stage.geometry import perspective, warp
 from dali_autoproxy.backends.torch_stage.policies import augment
-from dali_autoproxy.backends.torch_stage.registry import FUSED_PAIRS, TORCH_KERNELS, Batch, uniform, upload
-from dali_autoproxy.backends.torch_stage.resample import crop_through_crop
+from dali_autoproxy.backends.torch_stage.registry import FUSED_PAIRS, FUSED_RUNS, TORCH_KERNELS, Batch, uniform
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
-from dali_autoproxy.plan.ir import Crop, PillowResize
+from dali_autoproxy.plan.ir import PillowResize
 
 # every module of this package registers its kernels when imported (the Triton ones load lazily)
 for _module in pkgutil.iter_modules(__path__):
@@ -69,7 +68,7 @@ class TorchStage:
             if not (self.ops and self.ops[0].ragged):  # one sample at a time
                 return [self(o.unsqueeze(0), params[k:k + 1]).squeeze(0) for k, o in enumerate(out)]
             out, sizes = _padded(out)  # one batch, each sample in its top-left corner
-        batch = Batch(host, upload(host, out.device))
+        batch = Batch(host, device=out.device)
         batch.sizes = sizes
         x = out.permute(0, 3, 1, 2)  # whole numbers 0..255 until a ToFloat
         if not (self.ops and type(self.ops[0]) in TAKES_UINT8):
@@ -82,11 +81,11 @@ class TorchStage:
             op = self.ops[k]
             if not op.ragged and not uniform(batch.sizes):
                 return [self._run(*self._sample(x, batch, i), k).squeeze(0) for i in range(x.shape[0])]
-            if type(op) is Crop:  # a pad (a canvas) and a crop inside it: one crop
-                fused = crop_through_crop(x, self.ops, k, batch)
-                if fused is not None:
-                    x, k = fused
-                    continue
+            run = FUSED_RUNS.get(type(op))  # a run of ops from here as one (fewer launches and passes)
+            done = run(x, self.ops, k, batch) if run is not None else None
+            if done is not None:
+                x, k = done
+                continue
             pair = self.pairs.get(k)
             both = pair(x, op, self.ops[k + 1], batch) if pair is not None else None
             if both is not None:
@@ -102,7 +101,7 @@ class TorchStage:
     def _sample(x: torch.Tensor, batch: Batch, i: int):
         """Sample i of a padded batch as a batch of its own size."""
         h, w = (int(v) for v in batch.sizes[i])
-        return x[i:i + 1, :, :h, :w], Batch(batch.host[i:i + 1], batch.params[i:i + 1], batch.integer)
+        return x[i:i + 1, :, :h, :w], batch.sample(i)
 
     @staticmethod
     def _finish(x: torch.Tensor, batch: Batch) -> torch.Tensor:

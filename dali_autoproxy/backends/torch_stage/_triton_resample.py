@@ -2,30 +2,51 @@
 import triton
 import triton.language as tl
 
+# The rows of a pass's table (int64 [ROWS, B]), one column per sample; ``resample`` fills them.
+FIRST, WEIGHTS, TAPS, N_OUT, N_ACROSS, ALONG_WIDTH, N_IN, FLIP_X, FLIP_Y = range(9)
+ROWS = 9
+
 
 # sizes and strides change from batch to batch: compiled once, not per value's divisibility
-@triton.jit(do_not_specialize=["n_out", "n_across", "n_in", "C", "s_b", "s_c", "s_along", "s_across",
-                               "d_b", "d_c", "d_along", "d_across"])
-def resample_axis_stored(src, dst, first_buf, weights_buf, tables, n_out, n_across, n_in, C,
-                         s_b, s_c, s_along, s_across, d_b, d_c, d_along, d_across,
-                         BLOCK_O: tl.constexpr, BLOCK_A: tl.constexpr):
-    """One of Pillow's passes (ImagingResampleHorizontal/Vertical_8bpc) along one axis of a
-    [B, C, ., .] batch of whole numbers: out[o] = clip8(2**21 + sum_k in[first[o] + k] * w[o, k])
-    in int32, each sample with its own tables, read from the kept flat buffers: ``tables`` int64
-    [4, B] holds per sample the offset of its first-pixel table, the offset of its weights, its
-    number of taps and its output size (outputs past it are 0). Program (sample and channel,
-    block of outputs, block across the axis)."""
+@triton.jit(do_not_specialize=["C", "n_b", "s_b", "s_c", "s_h", "s_w", "d_b", "d_c", "d_h", "d_w"])
+def resample_pass(src, dst, first_buf, weights_buf, tables, mean, std, C, n_b,
+                  s_b, s_c, s_h, s_w, d_b, d_c, d_h, d_w, scale,
+                  AFFINE: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_A: tl.constexpr):
+    """One of Pillow's passes (ImagingResampleHorizontal/Vertical_8bpc) of every sample of a
+    [B, C, H, W] batch of whole numbers: out[o] = clip8(2**21 + sum_k in[first[o] + k] * w[o, k])
+    in int32, each sample along its own axis (Pillow orders the passes per image) with its own
+    tables, read from the kept flat buffers at the offsets in ``tables`` (rows above). The
+    output's axes are the image's (height, width) whichever axis the pass runs along; outputs
+    past a sample's extents are not written. The end of a chain may come with the pass: each
+    sample mirrored (FLIP_X, FLIP_Y, within its own size), then per value AFFINE (1: divided by
+    ``scale``, correctly rounded, as v1's ToTensor; 2: multiplied by it, as v2's ToDtype) and
+    NORMALIZE ((v - mean[c]) / std[c], correctly rounded), torch's float32 steps one by one
+    (launched without contracted multiply-adds). Program (sample and channel, block of outputs,
+    block across the axis)."""
     pid = tl.program_id(0)
     b = pid // C
     c = pid % C
-    n_b = tl.num_programs(0) // C
-    first_at = tl.load(tables + b)
-    weights_at = tl.load(tables + n_b + b)
-    taps = tl.load(tables + 2 * n_b + b).to(tl.int32)
-    out_b = tl.load(tables + 3 * n_b + b).to(tl.int32)
-    o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
-    a = tl.program_id(2) * BLOCK_A + tl.arange(0, BLOCK_A)
-    mo = o < out_b
+    row = tables + b
+    n_out = tl.load(row + 3 * n_b).to(tl.int32)
+    n_across = tl.load(row + 4 * n_b).to(tl.int32)
+    o_start = tl.program_id(1) * BLOCK_O
+    a_start = tl.program_id(2) * BLOCK_A
+    if (o_start >= n_out) | (a_start >= n_across):  # past this sample's own extents
+        return
+    first_at = tl.load(row)
+    weights_at = tl.load(row + n_b)
+    taps = tl.load(row + 2 * n_b).to(tl.int32)
+    along_width = tl.load(row + 5 * n_b) != 0
+    n_in = tl.load(row + 6 * n_b).to(tl.int32)
+    flip_along = tl.load(row + tl.where(along_width, 7, 8) * n_b) != 0
+    flip_across = tl.load(row + tl.where(along_width, 8, 7) * n_b) != 0
+    s_along = tl.where(along_width, s_w, s_h)
+    s_across = tl.where(along_width, s_h, s_w)
+    d_along = tl.where(along_width, d_w, d_h)
+    d_across = tl.where(along_width, d_h, d_w)
+    o = o_start + tl.arange(0, BLOCK_O)
+    a = a_start + tl.arange(0, BLOCK_A)
+    mo = o < n_out
     ma = a < n_across
     start = tl.load(first_buf + first_at + o, mask=mo, other=0)
     acc = tl.zeros((BLOCK_O, BLOCK_A), dtype=tl.int32) + (1 << 21)
@@ -35,8 +56,16 @@ def resample_axis_stored(src, dst, first_buf, weights_buf, tables, n_out, n_acro
         pos = start + k
         mp = mo & (pos < n_in)
         v = tl.load(base + pos[:, None] * s_along + a[None, :] * s_across,
-                    mask=mp[:, None] & ma[None, :], other=0.0)
+                    mask=mp[:, None] & ma[None, :], other=0)
         acc += v.to(tl.int32) * w[:, None]
-    out = tl.where(mo[:, None], tl.minimum(tl.maximum(acc >> 22, 0), 255), 0)
-    tl.store(dst + b * d_b + c * d_c + o[:, None] * d_along + a[None, :] * d_across, out.to(tl.float32),
-             mask=(o < n_out)[:, None] & ma[None, :])
+    value = tl.minimum(tl.maximum(acc >> 22, 0), 255).to(tl.float32)
+    if AFFINE == 1:
+        value = tl.math.div_rn(value, scale)
+    elif AFFINE == 2:
+        value = value * scale
+    if NORMALIZE:
+        value = tl.math.div_rn(value - tl.load(mean + c), tl.load(std + c))
+    o_to = tl.where(flip_along, n_out - 1 - o, o)
+    a_to = tl.where(flip_across, n_across - 1 - a, a)
+    tl.store(dst + b * d_b + c * d_c + o_to[:, None] * d_along + a_to[None, :] * d_across,
+             value.to(dst.dtype.element_ty), mask=mo[:, None] & ma[None, :])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Deque, Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -14,17 +13,35 @@ from dali_autoproxy.plan.ir import FastColorJitter, Resize
 from dali_autoproxy.plan.kernel_table import KernelTable
 
 
-@dataclass
 class Batch:
     """The context of one batch: its params rows on the host (float64, for planning on the
-    host) and on the device, and whether the pixel values are still whole numbers 0..255
-    (uint8 semantics; ToFloat ends that). ``sizes``: set by the kernels that change sizes
-    (resample.py); samples smaller than the batch sit in its top-left corner, zero-padded."""
-    host: np.ndarray
-    params: torch.Tensor
-    integer: bool = True
-    sizes: Optional[np.ndarray] = None  # int64 [B, 2]: each sample's (height, width) when they differ
-    kept: Optional[torch.Tensor] = None  # the images a recorded Image.blend keeps ("keep" / "blend_kept")
+    host) and on the device (``params``: copied there when a kernel first asks, so a stage
+    whose kernels read the host rows alone makes no copy), and whether the pixel values are
+    still whole numbers 0..255 (uint8 semantics; ToFloat ends that). ``sizes``: set by the
+    kernels that change sizes (resample.py); samples smaller than the batch sit in its top-left
+    corner, zero-padded (int64 [B, 2], each sample's (height, width), when they differ).
+    ``kept``: the images a recorded Image.blend keeps ("keep" / "blend_kept")."""
+
+    def __init__(self, host: np.ndarray, params: Optional[torch.Tensor] = None, integer: bool = True,
+                 sizes: Optional[np.ndarray] = None, kept: Optional[torch.Tensor] = None,
+                 device: Optional[torch.device] = None) -> None:
+        self.host = host
+        self._params = params
+        self._device = device if params is None else params.device
+        self.integer = integer
+        self.sizes = sizes
+        self.kept = kept
+
+    @property
+    def params(self) -> torch.Tensor:
+        if self._params is None:
+            self._params = upload(self.host, self._device)
+        return self._params
+
+    def sample(self, i: int) -> "Batch":
+        """The context of sample i alone (its rows; its device rows where they were copied)."""
+        params = None if self._params is None else self._params[i:i + 1]
+        return Batch(self.host[i:i + 1], params, self.integer, device=self._device)
 
     def flag(self, slot: int) -> torch.Tensor:
         """params[:, slot] != 0 as a [B, 1, 1, 1] mask (a per-sample coin)."""
@@ -47,6 +64,20 @@ def fused_pair(first: type, second: type) -> Callable[[PairKernel], PairKernel]:
     launches and passes); it returns None for a batch it cannot take (each op's own kernel runs)."""
     def register(fn: PairKernel) -> PairKernel:
         FUSED_PAIRS[(first, second)] = fn
+        return fn
+    return register
+
+
+RunKernel = Callable[[torch.Tensor, list, int, Batch], Optional[Tuple[torch.Tensor, int]]]
+FUSED_RUNS: Dict[type, RunKernel] = {}
+
+
+def fused_run(first: type) -> Callable[[RunKernel], RunKernel]:
+    """Registers ``kernel(x, ops, k, batch)`` for a run of ops starting with one of type
+    ``first`` at ops[k]: it returns the batch and the index of the first op it did not do, or
+    None where it takes nothing (then the pairs and each op's own kernel run)."""
+    def register(fn: RunKernel) -> RunKernel:
+        FUSED_RUNS[first] = fn
         return fn
     return register
 

@@ -31,9 +31,16 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from dali_autoproxy.backends.torch_stage import pillow_weights
-from dali_autoproxy.backends.torch_stage.kept_tables import kept_tables
-from dali_autoproxy.backends.torch_stage.registry import Batch, constant, fused_pair, kernel, upload, valid_sizes
+from dali_autoproxy.backends.torch_stage import fused_resize, pillow_weights
+from dali_autoproxy.backends.torch_stage.registry import (
+    Batch,
+    constant,
+    fused_pair,
+    fused_run,
+    kernel,
+    upload,
+    valid_sizes,
+)
 from dali_autoproxy.plan.ir import Crop, PillowReduce, PillowResize
 from dali_autoproxy.plan.pillow_ops import PillowCall
 
@@ -63,59 +70,13 @@ def _keys(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kinds:
                     np.asarray(out_sizes).tolist(), np.asarray(kinds).tolist()))
 
 
-def _triton_pass(kernel, x: torch.Tensor, tables: torch.Tensor, n_out: int, along: int) -> torch.Tensor:
-    """One pass of Pillow's resample along axis ``along`` (2: rows, 3: columns) of x [B, C, H, W],
-    each sample's tables located by ``tables`` (int64 [4, B], ``KeptTables.locate``)."""
-    b, c = x.shape[0], x.shape[1]
-    n_in, n_across = x.shape[along], x.shape[5 - along]
-    kept = kept_tables(x.device)
-    shape = [b, c, 0, 0]
-    shape[along], shape[5 - along] = n_out, n_across
-    out = torch.empty(shape, dtype=torch.float32, device=x.device)
-    s, d = x.stride(), out.stride()
-    grid = (b * c, triton_cdiv(n_out, 32), triton_cdiv(n_across, 32))
-    kernel[grid](x, out, kept.first, kept.weights, tables, n_out, n_across, n_in, c,
-                 s[0], s[1], s[along], s[5 - along], d[0], d[1], d[along], d[5 - along],
-                 BLOCK_O=32, BLOCK_A=32, num_warps=4)
-    return out
-
-
-def triton_cdiv(n: int, k: int) -> int:
-    return (int(n) + k - 1) // k
-
-
-def _two_passes_triton(kernel, x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
-                       boxes: np.ndarray, columns_first: bool, window: Optional[np.ndarray] = None) -> torch.Tensor:
-    """Both passes, their tables located together and sent in one copy. ``window``: int64 [B, 4]
-    (top, left, height, width) of each resized image to compute, a crop after the resize folded
-    into it: Pillow computes every output pixel of a pass on its own, so the window's pixels
-    alone are the crop of the whole result; a pass's window is an offset into its tables."""
-    # x as DALI made it (uint8, any strides) or float32: the kernel reads either, whole numbers
-    axes = (1, 0) if columns_first else (0, 1)  # image axis of each pass: 1 width (tensor dim 3), 0 height
-    keys = []
-    for axis in axes:
-        keys += _keys(in_hw[:, axis], boxes[:, axis::2], out_hw[:, axis], kinds)
-    where = kept_tables(x.device).locate(keys).reshape(4, 2, len(x)).transpose(1, 0, 2).copy()  # [pass, 4, B]
-    sizes = [out_hw[:, axis] for axis in axes]
-    if window is not None:
-        for p, axis in enumerate(axes):
-            start = window[:, axis]
-            where[p, 0] += start  # first-pixel table of output pixel ``start``
-            where[p, 1] += start * where[p, 2]  # and its weights (taps per output pixel)
-            where[p, 3] = sizes[p] = window[:, 2 + axis]
-    tables = upload(where, x.device)
-    for p, axis in enumerate(axes):
-        x = _triton_pass(kernel, x, tables[p], int(np.max(sizes[p])), along=3 if axis == 1 else 2)
-    return x
-
-
 def _triton_kernel(x: torch.Tensor):
     """The Triton resample kernel where the fused kernels run (CUDA, Triton, not switched off)."""
     from dali_autoproxy.backends.torch_stage import fused_color
     if not fused_color.usable(x):
         return None
     from dali_autoproxy.backends.torch_stage import _triton_resample
-    return _triton_resample.resample_axis_stored
+    return _triton_resample.resample_pass
 
 
 def _clip8(s: torch.Tensor) -> torch.Tensor:
@@ -188,7 +149,7 @@ def pillow_resize(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds:
     kernel = _triton_kernel(x) if not _FORCE_TORCH_OPS else None
     if kernel is not None:
         try:
-            return _by_order(lambda *a: _two_passes_triton(kernel, *a), x, in_hw, out_hw, kinds, boxes, order, window)
+            return fused_resize.two_passes(kernel, x, in_hw, out_hw, kinds, boxes, order, window)
         except Exception as e:  # noqa: BLE001 - a build or launch failure must not stop training
             from dali_autoproxy.backends.torch_stage import fused_color
             fused_color.disable(f"the Triton resample kernel failed ({type(e).__name__}: {e})")
@@ -221,14 +182,54 @@ def _pillow_resize(x: torch.Tensor, op: PillowResize, batch: Batch) -> torch.Ten
     return out
 
 
+def _window(op: PillowResize, crop: Crop, batch: Batch) -> Optional[np.ndarray]:
+    """The crop's boxes (top, left, height, width) as the resize's window, where every box lies
+    inside its resized image (a crop that pads is the crop's own kernel's)."""
+    out_hw = batch.host[:, op.span("out_height", "out_width")].astype(np.int64)
+    window = batch.host[:, crop.span("top", "width")].astype(np.int64)
+    if (window[:, :2] < 0).any() or (window[:, :2] + window[:, 2:] > out_hw).any():
+        return None
+    return window
+
+
+@fused_run(PillowResize)
+def _resize_and_tail(x: torch.Tensor, ops: list, k: int, batch: Batch) -> Optional[Tuple[torch.Tensor, int]]:
+    """Where Triton runs: the resize (with the crop after it as its window) and the flips,
+    ToFloat and Normalize that follow, in two launches (``fused_resize``)."""
+    kernel = _triton_kernel(x) if not _FORCE_TORCH_OPS else None
+    if kernel is None:
+        return None
+    op, j, window = ops[k], k + 1, None
+    if j < len(ops) and type(ops[j]) is Crop:
+        window = _window(op, ops[j], batch)
+        if window is None:
+            return None
+        j += 1
+    tail, end = fused_resize.Tail.of(ops, j, batch)
+    p = batch.host[:, op.span("in_height", "filter")].astype(np.int64)
+    in_hw, out_hw = p[:, 0:2], p[:, 2:4]
+    boxes = np.asarray(batch.host[:, op.span("box_top", "box_right")], dtype=np.float32).astype(np.float64)
+    out_dtype = torch.uint8 if tail.integer and end == len(ops) else torch.float32
+    try:
+        out = fused_resize.two_passes(kernel, x, in_hw, out_hw, p[:, 4], boxes, vertical_first(in_hw, out_hw),
+                                      window, tail, out_dtype)
+    except Exception as e:  # noqa: BLE001 - a build or launch failure must not stop training
+        from dali_autoproxy.backends.torch_stage import fused_color
+        fused_color.disable(f"the Triton resample kernel failed ({type(e).__name__}: {e})")
+        return None
+    batch.sizes = out_hw if window is None else window[:, 2:4]
+    batch.integer = tail.integer
+    return out, end
+
+
 @fused_pair(PillowResize, Crop)
 def _pillow_resize_then_crop(x: torch.Tensor, op: PillowResize, crop: Crop, batch: Batch) -> Optional[torch.Tensor]:
     """A crop inside every resized image (CenterCrop after Resize) as the resize's window: only
     the crop's pixels are resampled. A crop that reaches past an image (padding) is left to
     the crop's own kernel."""
     p = batch.host[:, op.span("in_height", "filter")].astype(np.int64)
-    window = batch.host[:, crop.span("top", "width")].astype(np.int64)
-    if (window[:, :2] < 0).any() or (window[:, :2] + window[:, 2:] > p[:, 2:4]).any():
+    window = _window(op, crop, batch)
+    if window is None:
         return None
     out = pillow_resize(x, p[:, 0:2], p[:, 2:4], p[:, 4], batch.host[:, op.span("box_top", "box_right")], window)
     batch.sizes = window[:, 2:4]
@@ -341,6 +342,7 @@ def _idle(op: object, batch: Batch) -> bool:
     return isinstance(op, PillowCall) and not (batch.host[:, op.col("call")] > 0).any()
 
 
+@fused_run(Crop)
 def crop_through_crop(x: torch.Tensor, ops: list, k: int, batch: Batch) -> Optional[Tuple[torch.Tensor, int]]:
     """Op k, a Crop, and the next Crop after positions no sample used, as one crop where every
     second box lies inside the first (RandomZoomOut's canvas, then RandomIoUCrop inside it): the

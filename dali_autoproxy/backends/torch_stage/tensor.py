@@ -22,8 +22,12 @@ def _erase(x: torch.Tensor, op: Erase, batch: Batch) -> torch.Tensor:
 
 @kernel(ToFloat)
 def _to_float(x: torch.Tensor, op: ToFloat, batch: Batch) -> torch.Tensor:
+    """v1's ToTensor divides (by a tensor on the batch's device: CUDA computes ``x / scalar`` as
+    ``x * (1 / scalar)``, a rounding away from the CPU's division); v2's ToDtype multiplies."""
     batch.integer = False
-    return x / round(1 / op.scale) if op.divide else x * op.scale
+    if op.divide:
+        return x / constant([float(round(1 / op.scale))], x.device, x.dtype)
+    return x * op.scale
 
 
 @kernel(Normalize)
