@@ -165,12 +165,8 @@ class ProcessCpu:
     serial bound of a loader whose GPU is not busy. ``workers_busy`` lists the workers alive at
     the end; ``workers_busy_total`` (cores) counts those that ended inside the window too."""
 
-    def __init__(self, enabled: bool, profile: bool = False) -> None:
+    def __init__(self, enabled: bool) -> None:
         self.enabled, self.rows = enabled, []
-        self.profile = None
-        if enabled and profile:  # the stage's calls profiled on the pipeline thread, in its CPU time
-            import cProfile
-            self.profile = cProfile.Profile(time.thread_time)
 
     def __enter__(self):
         if self.enabled:
@@ -330,12 +326,8 @@ class ThreadClock:
     DALI's outputs() and in the torch stage (CPU below wall: waiting, for the GPU or the GIL);
     and the main thread's CPU time over the epoch's wall time."""
 
-    def __init__(self, enabled: bool, profile: bool = False) -> None:
+    def __init__(self, enabled: bool) -> None:
         self.enabled, self.rows = enabled, []
-        self.profile = None
-        if enabled and profile:  # the stage's calls profiled on the pipeline thread, in its CPU time
-            import cProfile
-            self.profile = cProfile.Profile(time.thread_time)
 
     def __enter__(self):
         if not self.enabled:
@@ -344,22 +336,19 @@ class ThreadClock:
         from dali_autoproxy.backends.torch_stage import TorchStage
         self._saved = runner._outputs, TorchStage.__call__
         real_outputs, real_stage = self._saved
-        rows, profile = self.rows, self.profile
+        rows = self.rows
 
         def timed(fn, kind):
             def wrapper(*args, **kwargs):
                 w0, c0 = time.perf_counter(), time.thread_time()
-                if profile is not None and kind == "stage":
-                    profile.enable()
                 try:
                     return fn(*args, **kwargs)
                 finally:
-                    if profile is not None and kind == "stage":
-                        profile.disable()
                     rows.append((kind, time.perf_counter() - w0, time.thread_time() - c0))
             return wrapper
         runner._outputs = timed(real_outputs, "outputs")
         TorchStage.__call__ = timed(real_stage, "stage")
+        self._computing = _lookups_computing()
         self._main = time.perf_counter(), time.thread_time()
         return self
 
@@ -371,25 +360,25 @@ class ThreadClock:
         runner._outputs, TorchStage.__call__ = self._saved
         wall, cpu = time.perf_counter() - self._main[0], time.thread_time() - self._main[1]
         self.main_busy = cpu / max(wall, 1e-9)
-
-    def profile_text(self, lines: int = 30) -> str:
-        """The stage's calls by CPU time on the pipeline thread (``--stage-profile``)."""
-        import io
-        import pstats
-        if self.profile is None or not self.profile.getstats():
-            return ""
-        buf = io.StringIO()
-        pstats.Stats(self.profile, stream=buf).sort_stats("tottime").print_stats(lines)
-        return buf.getvalue()
+        self.computing = _lookups_computing() - self._computing
 
     def summary(self) -> dict:
         out = {"main_thread_busy": round(self.main_busy, 3)}
+        n_stage = sum(1 for r in self.rows if r[0] == "stage")
+        if n_stage:  # the exact resize: batches whose tables were not all kept yet (the run's, warm-up included)
+            out["stage_batches"], out["stage_batches_computing_tables"] = n_stage, self.computing
         for kind in ("outputs", "stage"):
             rows = [r for r in self.rows if r[0] == kind][5:]  # the first batches compile and allocate
             if rows:
                 out[f"{kind}_wall_ms"] = round(1000 * float(np.median([r[1] for r in rows])), 3)
                 out[f"{kind}_cpu_ms"] = round(1000 * float(np.median([r[2] for r in rows])), 3)
         return out
+
+
+def _lookups_computing() -> int:
+    """How many table lookups of the exact resize computed new tables so far, every device."""
+    from dali_autoproxy.backends.torch_stage import kept_tables
+    return sum(store.lookups_computing for store in kept_tables._KEPT.values())
 
 
 def _dali_ops(jpegs, kind, dali_device, hw_decoder_load=None):
@@ -597,9 +586,6 @@ def main(argv=None):
                     help="per batch, the pipeline thread's wall and CPU time in DALI's outputs and in the torch "
                          "stage (median), and the main thread's busy share, for the autoproxy modes; for every "
                          "mode, each thread's and worker's CPU share of the timed window (ProcessCpu)")
-    ap.add_argument("--stage-profile", action="store_true",
-                    help="with --thread-times: a cProfile of the torch stage's calls on the pipeline thread, by "
-                         "CPU time (thread_time), printed after each run")
     ap.add_argument("--cuda-timeline", action="store_true",
                     help="after the timed runs, one more run per autoproxy mode and pipeline under torch.profiler: "
                          "GPU busy share per stream, top kernels, host waits (its rate is not comparable)")
@@ -641,14 +627,13 @@ def main(argv=None):
                 try:
                     for _ in range(1 if mode == "torchvision" else a.epochs):
                         warm = a.warmup if a.warmup is not None else auto_warmup(w, a.images // batch)
-                        with ThreadClock(a.thread_times and mode.startswith("autoproxy"), a.stage_profile) as clock, \
+                        with ThreadClock(a.thread_times and mode.startswith("autoproxy")) as clock, \
                                 ProcessCpu(a.thread_times) as busy:
                             ni, di = runners[mode](a.data, kind, w, batch, warm, a.device, threads)
                         if clock.rows or busy.rows:
                             print(json.dumps({"pipeline": kind, "mode": mode, "workers": w,
                                               **(clock.summary() if clock.rows else {}), "cpu_busy": busy.rows}),
                                   flush=True)
-                            print(clock.profile_text(), flush=True)
                         busy_rows += busy.rows
                         n, dt = n + ni, dt + di
                 except Exception as exc:  # one mode failing must not lose the others' figures

@@ -109,7 +109,8 @@ def test_kept_tables_are_pillows(computed_on_the_device):
 def test_a_whole_images_tables_come_with_every_size_up_to_a_multiple():
     """A batch missing many whole images' tables at one output size and filter brings their
     siblings (every input size up to a multiple of SIBLINGS), computed together, each equal to
-    Pillow's; a batch of other crop sizes then computes nothing. A few misses bring none."""
+    Pillow's; a batch of other crop sizes then computes nothing. A few misses bring none, but
+    one past a family grows it."""
     from dali_autoproxy.backends.torch_stage import kept_tables as K
     from dali_autoproxy.backends.torch_stage import pillow_weights as W
     store = K.KeptTables(torch.device("cpu"))
@@ -122,6 +123,10 @@ def test_a_whole_images_tables_come_with_every_size_up_to_a_multiple():
     computed = store.n_weights
     where = store.locate(keys)
     assert store.n_weights == computed
+    store.locate([(400, 0.0, 400.0, 224, 2)])  # one miss past a family: the family grows to the next multiple
+    assert (511, 0.0, 511.0, 224, 2) in store.where and (513, 0.0, 513.0, 224, 2) not in store.where
+    keys += [(n, 0.0, float(n), 224, 2) for n in (257, 300, 400, 512)]
+    where = store.locate(keys)
     for key, (f_at, w_at, taps, out) in zip(keys, where.T):
         first, weights = W.axis_weights(*key)
         assert out == len(first) and taps == weights.shape[1]

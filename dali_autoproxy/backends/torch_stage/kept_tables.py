@@ -11,7 +11,7 @@ NEAREST (a sequential running sum) are computed on the host (``pillow_weights``)
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ class KeptTables:
     SIBLINGS = 256  # a whole image's tables come with those of every size up to a multiple of this ...
     SIBLINGS_AFTER = 8  # ... where a batch misses this many at one output size and filter
     COMPUTED_ON = ("cuda",)  # device types whose new tables are computed there (tests add "cpu")
+    ON_HOST_UP_TO = 32  # new keys of one filter computed by the host's ops, up to this many
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -44,6 +45,8 @@ class KeptTables:
         self._codes = np.zeros(0, dtype=np.int64)  # sorted codes of the whole-image keys kept ...
         self._code_where = np.zeros((4, 0), dtype=np.int64)  # ... and their ``where``, column by column
         self._new_codes: List[Tuple[int, Tuple[int, int, int, int]]] = []  # added since the last sort
+        self._families: Set[Tuple[int, int]] = set()  # (output size, filter) whose siblings are kept
+        self.lookups_computing = 0  # lookups that computed new tables (benchmarks report it)
         self._lock = threading.Lock()
         self._written = torch.cuda.Event() if device.type == "cuda" else None
 
@@ -53,6 +56,7 @@ class KeptTables:
         with self._lock:
             missing = [k for k in dict.fromkeys(keys) if k not in self.where]
             if missing:
+                self.lookups_computing += 1
                 self._add(self._with_siblings(missing))
                 if self._written is not None:
                     self._written.record(torch.cuda.current_stream(self.device))
@@ -94,9 +98,10 @@ class KeptTables:
         input size up to the next multiple of ``SIBLINGS``. DALI decodes a RandomResizedCrop's
         crop, so the stage resizes whole images of every size to one output size; computing all
         of them at once costs the same few launches as computing one, where each batch with a
-        size not seen yet would pay them again (most batches of an epoch). An output size that a
-        batch asks for only a few times (the long side after Resize(256)) brings none: a family
-        per image size would fill the buffers with tables nobody asks for."""
+        size not seen yet would pay them again (most batches of an epoch). A family, once made,
+        grows the same way on any miss past it (a crop larger than the first batch's). An
+        output size that a batch asks for only a few times (the long side after Resize(256))
+        brings none: a family per image size would fill the buffers with tables nobody asks for."""
         if self.device.type not in self.COMPUTED_ON:
             return missing
         families: Dict[Tuple[int, int], List[int]] = {}
@@ -105,12 +110,13 @@ class KeptTables:
                 families.setdefault((out, kind), []).append(n)
         extra: List[Key] = []
         for (out, kind), sizes in families.items():
-            if len(sizes) < self.SIBLINGS_AFTER:
+            if len(sizes) < self.SIBLINGS_AFTER and (out, kind) not in self._families:
                 continue
             top = -(-max(sizes) // self.SIBLINGS) * self.SIBLINGS
             family = [k for k in ((m, 0.0, float(m), out, kind) for m in range(1, top + 1)) if k not in self.where]
             if int((pw.taps_of(family) * out).sum()) <= self.LIMIT // 8:
                 extra += family
+                self._families.add((out, kind))
         return list(dict.fromkeys(missing + extra))
 
     def _add(self, keys: List[Key]) -> None:
@@ -121,6 +127,7 @@ class KeptTables:
             self._idle()  # kernels queued on other streams may still read what is overwritten now
             self.where, self.n_first, self.n_weights = {}, 0, 0
             self._codes, self._code_where, self._new_codes = self._codes[:0], self._code_where[:, :0], []
+            self._families = set()
         self.first = self._room(self.first, self.n_first + n_first + 1)
         self.weights = self._room(self.weights, self.n_weights + n_weights + 1)
         first_at = self.n_first + np.concatenate([[0], np.cumsum(outs)[:-1]])
@@ -143,18 +150,31 @@ class KeptTables:
         self.n_first, self.n_weights = self.n_first + n_first, self.n_weights + n_weights
 
     def _scatter(self, keys: List[Key], first_at: np.ndarray, weights_at: np.ndarray, taps: np.ndarray) -> None:
-        """``pillow_weights.coefficients`` of the keys, computed here on the device and written at
-        their offsets; entries past a key's output size or taps go to the buffers' last slot."""
-        first, weights = pw.coefficients(keys, self.device)
+        """``pillow_weights.coefficients`` of the keys written at their offsets. A few keys (a
+        batch's new sizes) are computed by the host's torch ops and their valid entries copied:
+        each op there costs a few microseconds of the pipeline thread, where a launch costs
+        several; a family of hundreds is computed on the device (one launch per op, whatever
+        its size), entries past a key's output size or taps sent to the buffers' last slot."""
+        host = len(keys) <= self.ON_HOST_UP_TO
+        on = torch.device("cpu") if host else self.device
+        first, weights = pw.coefficients(keys, on)
         n, out_max, taps_max = weights.shape
-        at = upload(np.stack([first_at, weights_at, taps, [k[3] for k in keys]], 1), self.device)
+        at = torch.from_numpy(np.stack([first_at, weights_at, taps, [k[3] for k in keys]], 1)) if host else \
+            upload(np.stack([first_at, weights_at, taps, [k[3] for k in keys]], 1), on)
         f_at, w_at, tp, out = (v.view(-1, 1) for v in at.unbind(1))
-        o = torch.arange(out_max, device=self.device).view(1, -1)
-        k = torch.arange(taps_max, device=self.device).view(1, 1, -1)
+        o = torch.arange(out_max, device=on).view(1, -1)
+        k = torch.arange(taps_max, device=on).view(1, 1, -1)
         rows = o < out
+        valid = rows.unsqueeze(2) & (k < tp.unsqueeze(2))
+        if host:
+            spots = [(f_at + o)[rows], (w_at.unsqueeze(2) + o.unsqueeze(2) * tp.unsqueeze(2) + k)[valid]]
+            values = [first[rows], weights[valid]]
+            for buffer, spot, value in zip((self.first, self.weights), spots, values):
+                buffer.index_put_((upload(spot.numpy(), self.device),),
+                                  upload(value.to(torch.int32).numpy(), self.device))
+            return
         self.first.index_put_((torch.where(rows, f_at + o, len(self.first) - 1).view(-1),),
                               first.to(torch.int32).view(-1))
-        valid = rows.unsqueeze(2) & (k < tp.unsqueeze(2))
         spot = torch.where(valid, w_at.unsqueeze(2) + o.unsqueeze(2) * tp.unsqueeze(2) + k, len(self.weights) - 1)
         self.weights.index_put_((spot.view(-1),), weights.to(torch.int32).view(-1))
 
