@@ -11,13 +11,15 @@ result (Pillow 13 swaps the two when the height shrinks far more than the width)
 
 Here the weights are Pillow's own (its ``precompute_coeffs`` and ``normalize_coeffs_8bpc`` in the
 C's operation order, one table per (input size, box, output size, filter): ``pillow_weights`` on
-the host, ``kept_tables`` on the GPU). Where Triton runs, each pass is one kernel in int32 reading
-each sample's table from the kept buffers; elsewhere the tables are laid out per sample as a dense
-[output, input] matrix and each pass is one batched matrix product in float64: every product and
-partial sum is an integer below 2**53, so the products are exact whatever order the BLAS adds
-them in, and ``(s + 2**21) >> 22`` clipped to 0..255 is Pillow's ``clip8``. Each sample has its
-own input box, output size and filter (timm draws bilinear or bicubic per image). NEAREST is the
-same sum with one weight of 2**22 per output pixel, at Pillow's scale-affine source coordinates.
+the host, ``kept_tables`` on the GPU). Where Triton runs, the batch's two passes are two launches
+in int32 reading each sample's table from the kept buffers, the flips, ToFloat and Normalize after
+the resize done by the second (``fused_resize``, the stage's run from a PillowResize); elsewhere
+the tables are laid out per sample as a dense [output, input] matrix and each pass is one batched
+matrix product in float64: every product and partial sum is an integer below 2**53, so the products
+are exact whatever order the BLAS adds them in, and ``(s + 2**21) >> 22`` clipped to 0..255 is
+Pillow's ``clip8``. Each sample has its own input box, output size and filter (timm draws bilinear
+or bicubic per image). NEAREST is the same sum with one weight of 2**22 per output pixel, at
+Pillow's scale-affine source coordinates.
 ``Image.reduce`` (what ``reducing_gap`` does first) is here too: block sums in Reduce.c's fixed point.
 
 Batches whose samples differ in size arrive padded to the largest (DALI's ``pad``); each kernel
