@@ -2,10 +2,6 @@
 import triton
 import triton.language as tl
 
-# The rows of a pass's table (int64 [ROWS, B]), one column per sample; ``resample`` fills them.
-FIRST, WEIGHTS, TAPS, N_OUT, N_ACROSS, ALONG_WIDTH, N_IN, FLIP_X, FLIP_Y = range(9)
-ROWS = 9
-
 
 # sizes and strides change from batch to batch: compiled once, not per value's divisibility
 @triton.jit(do_not_specialize=["C", "n_b", "s_b", "s_c", "s_h", "s_w", "d_b", "d_c", "d_h", "d_w"])
@@ -15,7 +11,8 @@ def resample_pass(src, dst, first_buf, weights_buf, tables, mean, std, C, n_b,
     """One of Pillow's passes (ImagingResampleHorizontal/Vertical_8bpc) of every sample of a
     [B, C, H, W] batch of whole numbers: out[o] = clip8(2**21 + sum_k in[first[o] + k] * w[o, k])
     in int32, each sample along its own axis (Pillow orders the passes per image) with its own
-    tables, read from the kept flat buffers at the offsets in ``tables`` (rows above). The
+    tables, read from the kept flat buffers at the offsets in ``tables`` (int64 [9, B], the rows
+    ``fused_resize`` names: FIRST ... FLIP_Y). The
     output's axes are the image's (height, width) whichever axis the pass runs along; outputs
     past a sample's extents are not written. The end of a chain may come with the pass: each
     sample mirrored (FLIP_X, FLIP_Y, within its own size), then per value AFFINE (1: divided by

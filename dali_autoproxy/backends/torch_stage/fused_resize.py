@@ -29,7 +29,7 @@ from dali_autoproxy.backends.torch_stage.kept_tables import kept_tables
 from dali_autoproxy.backends.torch_stage.registry import Batch, constant, upload
 from dali_autoproxy.plan.ir import Flip, Normalize, ToCHW, ToFloat
 
-# the table rows the kernel reads (_triton_resample's FIRST ... FLIP_Y), here without importing Triton
+# the rows of a pass's table (int64 [ROWS, B], a column per sample) that _triton_resample.resample_pass reads
 FIRST, WEIGHTS, TAPS, N_OUT, N_ACROSS, ALONG_WIDTH, N_IN, FLIP_X, FLIP_Y = range(9)
 ROWS = 9
 BLOCK = 32

@@ -159,8 +159,7 @@ class KeptTables:
         on = torch.device("cpu") if host else self.device
         first, weights = pw.coefficients(keys, on)
         n, out_max, taps_max = weights.shape
-        at = torch.from_numpy(np.stack([first_at, weights_at, taps, [k[3] for k in keys]], 1)) if host else \
-            upload(np.stack([first_at, weights_at, taps, [k[3] for k in keys]], 1), on)
+        at = upload(np.stack([first_at, weights_at, taps, [k[3] for k in keys]], 1), on)  # on the host: as it is
         f_at, w_at, tp, out = (v.view(-1, 1) for v in at.unbind(1))
         o = torch.arange(out_max, device=on).view(1, -1)
         k = torch.arange(taps_max, device=on).view(1, 1, -1)

@@ -65,13 +65,6 @@ def _tables(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kind
     return upload(first, device), upload(weights, device)
 
 
-def _keys(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray) -> list:
-    """Each sample's kept-table key along one axis, (input size, box start, box end, output size,
-    filter), as Python numbers (one conversion per array, not per value)."""
-    return list(zip(np.asarray(in_sizes).tolist(), boxes[:, 0].tolist(), boxes[:, 1].tolist(),
-                    np.asarray(out_sizes).tolist(), np.asarray(kinds).tolist()))
-
-
 def _triton_kernel(x: torch.Tensor):
     """The Triton resample kernel where the fused kernels run (CUDA, Triton, not switched off)."""
     from dali_autoproxy.backends.torch_stage import fused_color
@@ -79,6 +72,12 @@ def _triton_kernel(x: torch.Tensor):
         return None
     from dali_autoproxy.backends.torch_stage import _triton_resample
     return _triton_resample.resample_pass
+
+
+def _triton_failed(e: Exception) -> None:
+    """A build or launch failure must not stop training: the torch ops serve from now on."""
+    from dali_autoproxy.backends.torch_stage import fused_color
+    fused_color.disable(f"the Triton resample kernel failed ({type(e).__name__}: {e})")
 
 
 def _clip8(s: torch.Tensor) -> torch.Tensor:
@@ -152,9 +151,8 @@ def pillow_resize(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds:
     if kernel is not None:
         try:
             return fused_resize.two_passes(kernel, x, in_hw, out_hw, kinds, boxes, order, window)
-        except Exception as e:  # noqa: BLE001 - a build or launch failure must not stop training
-            from dali_autoproxy.backends.torch_stage import fused_color
-            fused_color.disable(f"the Triton resample kernel failed ({type(e).__name__}: {e})")
+        except Exception as e:  # noqa: BLE001 - see _triton_failed
+            _triton_failed(e)
     return _by_order(_two_passes, x, in_hw, out_hw, kinds, boxes, order, window)
 
 
@@ -215,9 +213,8 @@ def _resize_and_tail(x: torch.Tensor, ops: list, k: int, batch: Batch) -> Option
     try:
         out = fused_resize.two_passes(kernel, x, in_hw, out_hw, p[:, 4], boxes, vertical_first(in_hw, out_hw),
                                       window, tail, out_dtype)
-    except Exception as e:  # noqa: BLE001 - a build or launch failure must not stop training
-        from dali_autoproxy.backends.torch_stage import fused_color
-        fused_color.disable(f"the Triton resample kernel failed ({type(e).__name__}: {e})")
+    except Exception as e:  # noqa: BLE001 - see _triton_failed
+        _triton_failed(e)
         return None
     batch.sizes = out_hw if window is None else window[:, 2:4]
     batch.integer = tail.integer
