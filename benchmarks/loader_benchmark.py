@@ -132,6 +132,33 @@ def consume(batches, device: str, warmup: int, total: int = 0):
     return n, dt
 
 
+EPOCH_SAMPLES = {"n": 0}  # --samples: every DataLoader mode's epoch draws this many samples (0: the corpus once)
+
+
+class CyclingSampler(torch.utils.data.Sampler):
+    """The dataset's indices in order, repeated to ``n``: eval's long epoch."""
+
+    def __init__(self, size: int, n: int) -> None:
+        self.size, self.n = size, n
+
+    def __iter__(self):
+        return (i % self.size for i in range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def order(ds, kind: str) -> dict:
+    """The DataLoader arguments that set the epoch: shuffled (train) or in order (eval), the corpus
+    once, or ``--samples`` draws (a long epoch, so the timed window is long and in steady state)."""
+    n = EPOCH_SAMPLES["n"]
+    if not n:
+        return {"shuffle": kind != "eval"}
+    if kind == "eval":
+        return {"sampler": CyclingSampler(len(ds), n)}
+    return {"sampler": torch.utils.data.RandomSampler(ds, num_samples=n)}
+
+
 def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=False, fidelity="exact",
                     resize="dali"):
     import torchvision
@@ -141,7 +168,7 @@ def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=F
         dali_autoproxy.enable(device=dali_device, log_level="WARNING", fidelity=fidelity, resize=resize)
     try:
         ds = torchvision.datasets.ImageFolder(root, transform=tv_transform(kind))
-        loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=kind != "eval",
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch, **order(ds, kind),
                                              num_workers=workers, pin_memory=torch.cuda.is_available(),
                                              drop_last=False)
         n, dt = consume(loader, "cuda" if torch.cuda.is_available() else "cpu", warmup, len(loader))
@@ -324,18 +351,23 @@ def on_loop_stream(run, *args, **kwargs):
 class ThreadClock:
     """Where the pipeline thread's time goes per batch: wall and CPU (``thread_time``) time in
     DALI's outputs() and in the torch stage (CPU below wall: waiting, for the GPU or the GIL);
-    and the main thread's CPU time over the epoch's wall time."""
+    the main thread's CPU time over the epoch's wall time; and, over the timed window, the share
+    of the main thread's wall time spent waiting for the workers' next batch (``pull``) and for
+    the pipeline's oldest batch (``collect``): the side it waits on most bounds the loader."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled, self.rows = enabled, []
+        self.window = None
 
     def __enter__(self):
         if not self.enabled:
             return self
         from dali_autoproxy.backends.dali import runner
         from dali_autoproxy.backends.torch_stage import TorchStage
-        self._saved = runner._outputs, TorchStage.__call__
-        real_outputs, real_stage = self._saved
+        from dali_autoproxy.main.iterator import ProxiedIterator
+        self._saved = (runner._outputs, TorchStage.__call__, ProxiedIterator._self_fetch,
+                       runner.DaliRunner.collect)
+        real_outputs, real_stage, real_fetch, real_collect = self._saved
         rows = self.rows
 
         def timed(fn, kind):
@@ -344,20 +376,32 @@ class ThreadClock:
                 try:
                     return fn(*args, **kwargs)
                 finally:
-                    rows.append((kind, time.perf_counter() - w0, time.thread_time() - c0))
+                    rows.append((kind, time.perf_counter() - w0, time.thread_time() - c0, w0))
             return wrapper
         runner._outputs = timed(real_outputs, "outputs")
         TorchStage.__call__ = timed(real_stage, "stage")
+        ProxiedIterator._self_fetch = timed(real_fetch, "pull")
+        runner.DaliRunner.collect = timed(real_collect, "collect")
+        WINDOW_OBSERVERS.append(self)
         self._computing = _lookups_computing()
         self._main = time.perf_counter(), time.thread_time()
         return self
+
+    def start(self) -> None:
+        self.window = [time.perf_counter(), None]
+
+    def stop(self) -> None:
+        if self.window is not None:
+            self.window[1] = time.perf_counter()
 
     def __exit__(self, *exc) -> None:
         if not self.enabled:
             return
         from dali_autoproxy.backends.dali import runner
         from dali_autoproxy.backends.torch_stage import TorchStage
-        runner._outputs, TorchStage.__call__ = self._saved
+        from dali_autoproxy.main.iterator import ProxiedIterator
+        (runner._outputs, TorchStage.__call__, ProxiedIterator._self_fetch, runner.DaliRunner.collect) = self._saved
+        WINDOW_OBSERVERS.remove(self)
         wall, cpu = time.perf_counter() - self._main[0], time.thread_time() - self._main[1]
         self.main_busy = cpu / max(wall, 1e-9)
         self.computing = _lookups_computing() - self._computing
@@ -372,6 +416,11 @@ class ThreadClock:
             if rows:
                 out[f"{kind}_wall_ms"] = round(1000 * float(np.median([r[1] for r in rows])), 3)
                 out[f"{kind}_cpu_ms"] = round(1000 * float(np.median([r[2] for r in rows])), 3)
+        if self.window is not None and self.window[1] is not None:
+            t0, t1 = self.window
+            for kind in ("pull", "collect"):
+                waited = sum(r[1] for r in self.rows if r[0] == kind and t0 <= r[3] < t1)
+                out[f"main_waits_{kind}"] = round(waited / max(t1 - t0, 1e-9), 3)
         return out
 
 
@@ -452,7 +501,7 @@ def run_dali_proxy(root, kind, workers, batch, warmup, dali_device, threads):
     with dali_proxy.DALIServer(p) as server:
         ds = torchvision.datasets.ImageFolder(root, transform=server.proxy, loader=_read_bytes)
         loader = dali_proxy.DataLoader(server, ds, batch_size=batch, num_workers=workers,
-                                       shuffle=kind != "eval", drop_last=False)
+                                       **order(ds, kind), drop_last=False)
         n, dt = consume(loader, "cuda" if dali_device == "gpu" else "cpu", warmup, len(loader))
         del loader
     gc.collect()
@@ -537,7 +586,7 @@ def run_decode_jpeg_gpu(root, kind, workers, batch, warmup, dali_device, threads
         raise RuntimeError("decode_jpeg_gpu needs a CUDA GPU")
     tf = tv_transform(kind, v2)
     ds = torchvision.datasets.ImageFolder(root, loader=_read_bytes)
-    loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=kind != "eval", num_workers=workers,
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch, **order(ds, kind), num_workers=workers,
                                          collate_fn=_bytes_and_labels)
 
     def batches():
@@ -577,6 +626,9 @@ def main(argv=None):
                              "decode_jpeg_gpu"])
     ap.add_argument("--warmup", type=int, default=None,
                     help="batches not timed (default: the deepest queue of the modes, at most a third of the epoch)")
+    ap.add_argument("--samples", type=int, default=0,
+                    help="samples per epoch, drawn by a sampler from the corpus (0: the corpus once): a long "
+                         "epoch, so the timed window is long and in steady state")
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode, interleaved; the median is reported")
     ap.add_argument("--tv-repeat", type=int, default=1, help="runs of the (slow) torchvision mode")
     ap.add_argument("--epochs", type=int, default=1, help="epochs per run for the DALI modes")
@@ -592,13 +644,15 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true",
                     help="also profile one autoproxy train epoch at the largest worker count (main process)")
     a = ap.parse_args(argv)
+    EPOCH_SAMPLES["n"] = a.samples
+    epoch = a.samples or a.images
 
     from dali_autoproxy.backends.dali.runner import default_num_threads
     threads = default_num_threads(a.device)
     corpus = make_corpus(a.data, a.images, large=a.large)
     env = {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-           "dali_device": a.device, "dali_threads": threads}
+           "dali_device": a.device, "dali_threads": threads, "samples_per_epoch": epoch}
     try:
         import nvidia.dali
         import torchvision
@@ -623,10 +677,10 @@ def main(argv=None):
                 if mode == "torchvision" and rep >= a.tv_repeat:
                     continue
                 c0 = cpu_seconds()
-                n, dt, busy_rows = 0, 0.0, []
+                n, dt, busy_rows, clock_rows = 0, 0.0, [], []
                 try:
                     for _ in range(1 if mode == "torchvision" else a.epochs):
-                        warm = a.warmup if a.warmup is not None else auto_warmup(w, a.images // batch)
+                        warm = a.warmup if a.warmup is not None else auto_warmup(w, epoch // batch)
                         with ThreadClock(a.thread_times and mode.startswith("autoproxy")) as clock, \
                                 ProcessCpu(a.thread_times) as busy:
                             ni, di = runners[mode](a.data, kind, w, batch, warm, a.device, threads)
@@ -635,13 +689,14 @@ def main(argv=None):
                                               **(clock.summary() if clock.rows else {}), "cpu_busy": busy.rows}),
                                   flush=True)
                         busy_rows += busy.rows
+                        clock_rows += [clock.summary()] if clock.rows else []
                         n, dt = n + ni, dt + di
                 except Exception as exc:  # one mode failing must not lose the others' figures
                     print(json.dumps({"pipeline": kind, "mode": mode, "workers": w, "batch": batch,
                                       "error": f"{type(exc).__name__}: {exc}"[:300]}), flush=True)
                     continue
                 cpu = cpu_seconds() - c0
-                runs[mode].append((n / dt, 1000 * cpu / max(1, n), n, dt, gpu_memory_mb(), busy_rows))
+                runs[mode].append((n / dt, 1000 * cpu / max(1, n), n, dt, gpu_memory_mb(), busy_rows, clock_rows))
         for mode, rs in runs.items():
             if not rs:
                 continue
@@ -652,8 +707,11 @@ def main(argv=None):
                    "images_per_s": round(float(np.median(rates)), 1),
                    "min_images_per_s": round(rates[0], 1), "max_images_per_s": round(rates[-1], 1),
                    "cpu_s_per_1k_images": round(float(np.median([r[1] for r in rs])), 2)}
+            row["runs_images_per_s"] = [round(r[0], 1) for r in rs]  # in the order they ran
             if any(r[5] for r in rs):
                 row["cpu_busy"] = [b for r in rs for b in r[5]]  # per run: ProcessCpu
+            if any(r[6] for r in rs):
+                row["thread_times"] = [c for r in rs for c in r[6]]  # per run: ThreadClock
             results.append(row)
             print(json.dumps(row), flush=True)
     if a.profile:
@@ -675,7 +733,7 @@ def main(argv=None):
         for mode in [m for m in a.modes if m.startswith("autoproxy")]:
             w = max(a.workers)
             with CudaTimeline(f"{kind} {mode} {w} workers") as timeline:
-                runners[mode](a.data, kind, w, a.batch[0], auto_warmup(w, a.images // a.batch[0]), a.device, threads)
+                runners[mode](a.data, kind, w, a.batch[0], auto_warmup(w, epoch // a.batch[0]), a.device, threads)
             print(json.dumps(timeline.summary), flush=True)
             timelines.append(timeline.summary)
     summary = summarize(results)
