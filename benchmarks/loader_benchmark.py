@@ -350,7 +350,7 @@ def on_loop_stream(run, *args, **kwargs):
 
 class ThreadClock:
     """Where the pipeline thread's time goes per batch: wall and CPU (``thread_time``) time in
-    DALI's outputs() and in the torch stage (CPU below wall: waiting, for the GPU or the GIL);
+    feeding DALI (its inputs and the run), in DALI's outputs() and in the torch stage (CPU below wall: waiting, for the GPU or the GIL);
     the main thread's CPU time over the epoch's wall time; and, over the timed window, the share
     of the main thread's wall time spent waiting for the workers' next batch (``pull``) and for
     the pipeline's oldest batch (``collect``): the side it waits on most bounds the loader."""
@@ -366,8 +366,8 @@ class ThreadClock:
         from dali_autoproxy.backends.torch_stage import TorchStage
         from dali_autoproxy.main.iterator import ProxiedIterator
         self._saved = (runner._outputs, TorchStage.__call__, ProxiedIterator._self_fetch,
-                       runner.DaliRunner.collect)
-        real_outputs, real_stage, real_fetch, real_collect = self._saved
+                       runner.DaliRunner.collect, runner._feed)
+        real_outputs, real_stage, real_fetch, real_collect, real_feed = self._saved
         rows = self.rows
 
         def timed(fn, kind):
@@ -382,6 +382,7 @@ class ThreadClock:
         TorchStage.__call__ = timed(real_stage, "stage")
         ProxiedIterator._self_fetch = timed(real_fetch, "pull")
         runner.DaliRunner.collect = timed(real_collect, "collect")
+        runner._feed = timed(real_feed, "feed")
         WINDOW_OBSERVERS.append(self)
         self._computing = _lookups_computing()
         self._main = time.perf_counter(), time.thread_time()
@@ -400,7 +401,8 @@ class ThreadClock:
         from dali_autoproxy.backends.dali import runner
         from dali_autoproxy.backends.torch_stage import TorchStage
         from dali_autoproxy.main.iterator import ProxiedIterator
-        (runner._outputs, TorchStage.__call__, ProxiedIterator._self_fetch, runner.DaliRunner.collect) = self._saved
+        (runner._outputs, TorchStage.__call__, ProxiedIterator._self_fetch, runner.DaliRunner.collect,
+         runner._feed) = self._saved
         WINDOW_OBSERVERS.remove(self)
         wall, cpu = time.perf_counter() - self._main[0], time.thread_time() - self._main[1]
         self.main_busy = cpu / max(wall, 1e-9)
@@ -411,7 +413,7 @@ class ThreadClock:
         n_stage = sum(1 for r in self.rows if r[0] == "stage")
         if n_stage:  # the exact resize: batches whose tables were not all kept yet (the run's, warm-up included)
             out["stage_batches"], out["stage_batches_computing_tables"] = n_stage, self.computing
-        for kind in ("outputs", "stage"):
+        for kind in ("feed", "outputs", "stage"):
             rows = [r for r in self.rows if r[0] == kind][5:]  # the first batches compile and allocate
             if rows:
                 out[f"{kind}_wall_ms"] = round(1000 * float(np.median([r[1] for r in rows])), 3)
