@@ -350,10 +350,11 @@ def on_loop_stream(run, *args, **kwargs):
 
 class ThreadClock:
     """Where the pipeline thread's time goes per batch: wall and CPU (``thread_time``) time in
-    feeding DALI (its inputs and the run), in DALI's outputs() and in the torch stage (CPU below wall: waiting, for the GPU or the GIL);
-    the main thread's CPU time over the epoch's wall time; and, over the timed window, the share
-    of the main thread's wall time spent waiting for the workers' next batch (``pull``) and for
-    the pipeline's oldest batch (``collect``): the side it waits on most bounds the loader."""
+    feeding DALI (its inputs and the run), in DALI's outputs() and in the torch stage (CPU below
+    wall: waiting, for the GPU or the GIL); the main thread's CPU time over the epoch's wall time;
+    and, over the timed window, the share of the main thread's wall time spent waiting for the
+    workers' next batch (``pull``) and for the pipeline's oldest batch (``collect``): the side it
+    waits on most bounds the loader."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled, self.rows = enabled, []
