@@ -85,14 +85,14 @@ def exact_resize_step(name: str, kinds, state: ChainState, alloc, out_size: Opti
     cropping = Crop(crop_slot, in_bounds=True) if crop is not None else None
     resizing = PillowResize(alloc(PillowResize), out_size)
 
-    def draw(g: SampleGeometry) -> None:
+    def draw(g: SampleGeometry) -> None:  # per sample, in the worker: values in the schemas' order
         if cropping is not None:
             top, left, height, width = (int(v) for v in crop(g))
-            g.put(cropping, top=top, left=left, height=height, width=width)
+            g.put(cropping, top, left, height, width)
             g.height, g.width = height, width
-        out_h, out_w = out_size if out_size is not None else resized_output_size(g.height, g.width, size, max_size)
-        g.put(resizing, in_height=g.height, in_width=g.width, out_height=out_h, out_width=out_w, filter=kinds(),
-              box_top=0, box_left=0, box_bottom=g.height, box_right=g.width)
+        h, w = g.height, g.width
+        out_h, out_w = out_size if out_size is not None else resized_output_size(h, w, size, max_size)
+        g.put(resizing, h, w, out_h, out_w, kinds(), 0, 0, h, w)  # in, out, filter, box: the whole image
         g.height, g.width = out_h, out_w
     return Step(name, ([cropping] if cropping is not None else []) + [resizing], draw)
 
