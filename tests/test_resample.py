@@ -270,8 +270,6 @@ def test_triton_kernel_in_tritons_interpreter_equals_pillow():
 
 @pytest.mark.gpu
 def test_triton_kernel_on_the_gpu_equals_pillow():
-    """As the interpreter test, compiled: most launches go to the compiled kernel directly
-    (``fast_launch``), so the values compared are theirs."""
     global DEVICE
     DEVICE = "cuda"
     try:
@@ -279,8 +277,6 @@ def test_triton_kernel_on_the_gpu_equals_pillow():
         assert differences_from_pillow(_triton_resize, 3, 30, windowed=True) == {
             "samples": 180, "different_from_pillow": 0}
         assert stage_differences("cuda", n=64) == {name: 0 for name in STAGE_CHAINS}
-        from dali_autoproxy.backends.torch_stage import _triton_resample, fast_launch
-        assert fast_launch.direct_launches(_triton_resample.resample_pass) > 100  # most launches skipped the JIT
     finally:
         DEVICE = "cpu"
 

@@ -25,7 +25,6 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from dali_autoproxy.backends.torch_stage.fast_launch import launch
 from dali_autoproxy.backends.torch_stage.kept_tables import kept_tables
 from dali_autoproxy.backends.torch_stage.registry import Batch, constant, upload
 from dali_autoproxy.plan.ir import Flip, Normalize, ToCHW, ToFloat
@@ -78,32 +77,32 @@ def two_passes(kernel, x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, k
     past each sample's size."""
     b, c, dev = x.shape[0], x.shape[1], x.device
     rows = np.arange(b)
-    axes = np.stack([np.where(vertical_first, 0, 1), np.where(vertical_first, 1, 0)])  # [pass, B]: 1 is the width
+    axis1 = np.where(vertical_first, 0, 1)  # image axis of each sample's first pass (1: width)
+    axis2 = 1 - axis1
     size = out_hw if window is None else window[:, 2:4]
-    n_in = in_hw[rows, axes]  # [pass, B]: each pass's input extent along its axis
-    n_out = size[rows, axes]
-    keys = np.stack([n_in, boxes[rows, axes], boxes[rows, axes + 2], out_hw[rows, axes],
-                     np.broadcast_to(kinds, (2, b))], 2).reshape(2 * b, 5)
+    keys = np.concatenate([np.stack([in_hw[rows, a], boxes[rows, a], boxes[rows, a + 2], out_hw[rows, a], kinds], 1)
+                           for a in (axis1, axis2)])
     kept = kept_tables(dev)
     t = np.zeros((2, ROWS, b), dtype=np.int64)
     t[:, :4] = kept.locate_rows(keys).reshape(4, 2, b).transpose(1, 0, 2)
-    if window is not None:  # the window's first output pixel: an offset into the tables
-        start = window[rows, axes]
-        t[:, FIRST] += start
-        t[:, WEIGHTS] += start * t[:, TAPS]
-    t[:, N_OUT], t[:, ALONG_WIDTH], t[:, N_IN] = n_out, axes, n_in
-    t[0, N_ACROSS] = in_hw[rows, axes[1]]  # the first pass: every line of the image across it
-    t[1, N_ACROSS] = n_out[0]  # the second: the first one's outputs
+    for p, axis in enumerate((axis1, axis2)):
+        if window is not None:  # the window's first output pixel: an offset into the tables
+            start = window[rows, axis]
+            t[p, FIRST] += start
+            t[p, WEIGHTS] += start * t[p, TAPS]
+        t[p, N_OUT] = size[rows, axis]
+        t[p, ALONG_WIDTH] = axis
+        t[p, N_IN] = in_hw[rows, axis]
+    t[0, N_ACROSS] = in_hw[rows, axis2]  # the first pass: every line of the image across it
+    t[1, N_ACROSS] = size[rows, axis1]  # the second: the first one's outputs
     if tail is not None:
         t[1, FLIP_X], t[1, FLIP_Y] = tail.flips[:, 0], tail.flips[:, 1]
     tables = upload(t, dev)
-    extents = t[:, N_OUT:N_ACROSS + 1].max(2)  # [pass, (along, across)]: the grid's extents
-    wide = axes[0] == 1
+    wide = axis1 == 1
     middle = torch.empty((b, c, int(np.where(wide, in_hw[:, 0], size[:, 0]).max()),
                           int(np.where(wide, size[:, 1], in_hw[:, 1]).max())), dtype=torch.uint8, device=dev)
-    out_h, out_w = size.max(0).tolist()
     make = torch.empty if bool((size == size[0]).all()) else torch.zeros
-    out = make((b, c, out_h, out_w), dtype=out_dtype, device=dev)
+    out = make((b, c, int(size[:, 0].max()), int(size[:, 1].max())), dtype=out_dtype, device=dev)
     affine, scale, mean, std = NO_AFFINE, 1.0, None, None
     if tail is not None:
         affine, scale, mean, std = tail.affine, tail.scale, tail.mean, tail.std
@@ -112,16 +111,16 @@ def two_passes(kernel, x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, k
     std_t = constant(_per_channel(std if normalize else (1.0,), c), dev).view(-1)
     for p, (src, dst) in enumerate(((x, middle), (middle, out))):
         last = p == 1
-        grid = (b * c, _blocks(int(extents[p, 0])), _blocks(int(extents[p, 1])))
-        launch(kernel, grid, src, dst, kept.first, kept.weights, tables[p], mean_t, std_t, c, b,
-               *src.stride(), *dst.stride(), scale if last else 1.0,
-               AFFINE=affine if last else NO_AFFINE, NORMALIZE=normalize and last,
-               BLOCK_O=BLOCK, BLOCK_A=BLOCK, num_warps=4, enable_fp_fusion=False)
+        grid = (b * c, _blocks(t[p, N_OUT]), _blocks(t[p, N_ACROSS]))
+        kernel[grid](src, dst, kept.first, kept.weights, tables[p], mean_t, std_t, c, b,
+                     *src.stride(), *dst.stride(), scale if last else 1.0,
+                     AFFINE=affine if last else NO_AFFINE, NORMALIZE=normalize and last,
+                     BLOCK_O=BLOCK, BLOCK_A=BLOCK, num_warps=4, enable_fp_fusion=False)
     return out
 
 
-def _blocks(extent: int) -> int:
-    return (extent + BLOCK - 1) // BLOCK
+def _blocks(extents: np.ndarray) -> int:
+    return (int(extents.max()) + BLOCK - 1) // BLOCK
 
 
 def _per_channel(values: Tuple[float, ...], channels: int) -> Tuple[float, ...]:
