@@ -32,6 +32,10 @@ their work before a shorter warm-up ends, and drains its queue after its last ba
 tree's (main, DALI
 threads and the joined workers) per 1,000 images.
 
+``--samples N`` makes each epoch N samples drawn from the corpus by a sampler (shuffled for train, in
+order and cycling for eval), so the timed window holds hundreds of batches instead of the corpus's
+few dozen: the machines' noise averages out within a run.
+
     python benchmarks/loader_benchmark.py --images 8192 --workers 4 8 15 --out benchmarks/results/h200.json
 """
 from __future__ import annotations

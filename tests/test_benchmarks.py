@@ -112,6 +112,22 @@ def test_loader_benchmark_leaves_the_deepest_queue_untimed():
     assert auto_warmup(0, 2) == 1
 
 
+def test_loader_benchmark_long_epoch_draws_the_samples_asked_for():
+    """--samples: train draws N shuffled samples, eval cycles through the corpus in order."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import loader_benchmark as lb
+    ds = list(range(10))
+    assert lb.order(ds, "train") == {"shuffle": True} and lb.order(ds, "eval") == {"shuffle": False}
+    lb.EPOCH_SAMPLES["n"] = 25
+    try:
+        train, eval_ = lb.order(ds, "train")["sampler"], lb.order(ds, "eval")["sampler"]
+        drawn = list(train)
+        assert len(train) == len(drawn) == 25 and sorted(drawn[:10]) == ds  # each pass a permutation
+        assert list(eval_) == [i % 10 for i in range(25)] and len(eval_) == 25
+    finally:
+        lb.EPOCH_SAMPLES["n"] = 0
+
+
 class _Timed(torch.utils.data.Dataset):
     """Samples that cost a known time each (a sleep: no CPU taken from the other tests)."""
 
