@@ -128,6 +128,24 @@ def test_loader_benchmark_long_epoch_draws_the_samples_asked_for():
         lb.EPOCH_SAMPLES["n"] = 0
 
 
+def test_loader_benchmark_long_epoch_and_thread_times_end_to_end(tmp_path):
+    """--samples sets the epoch of a real proxied loader; --thread-times reports the pipeline
+    thread's feed and stage CPU and the main thread's waits over the timed window."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "loader_benchmark.py"), "--data", str(tmp_path / "c"),
+           "--images", "24", "--samples", "64", "--workers", "2", "--batch", "8", "--device", "cpu",
+           "--warmup", "1", "--pipelines", "train", "--modes", "autoproxy_pillow", "--thread-times",
+           "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    row, = json.loads(out.read_text())["results"]
+    assert row["images"] == (64 // 8 - 2) * 8  # batches [1, 7) of the 64-sample epoch, not of the 24 files
+    times, = row["thread_times"]
+    assert times["feed_cpu_ms"] > 0 and times["stage_cpu_ms"] > 0
+    assert 0 <= times["main_waits_pull"] and 0 <= times["main_waits_collect"]
+    assert times["main_waits_pull"] + times["main_waits_collect"] <= 1.01
+
+
 class _Timed(torch.utils.data.Dataset):
     """Samples that cost a known time each (a sleep: no CPU taken from the other tests)."""
 
