@@ -198,11 +198,48 @@ def test_pass_order_follows_pillow():
 
 def _triton_resize(x, ins, outs, kinds, window=None):
     """The Triton passes on the batch as the torch stage hands it over: DALI's uint8 HWC, permuted."""
-    from dali_autoproxy.backends.torch_stage import _triton_resample, fused_resize, resample
-    order = resample.vertical_first(ins, outs)
+    from dali_autoproxy.backends.torch_stage import _triton_resample, fused_resize
     as_dali_made_it = x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().to(DEVICE).permute(0, 3, 1, 2)
     return fused_resize.two_passes(_triton_resample.resample_pass, as_dali_made_it, ins, outs, kinds,
-                                   np.concatenate([0 * ins, ins], 1).astype(np.float64), order, window)
+                                   np.concatenate([0 * ins, ins], 1).astype(np.float64), window)
+
+
+def pass_order_differences(seed: int = 5) -> dict:
+    """Pillow 13's pass order forced on, whatever Pillow is installed: a batch whose samples all
+    resize vertically first, one all horizontally first, one with both; per batch, whether all
+    and whether any go vertically first, and the values where the Triton passes (each with a
+    window) differ from the torch ops. Each order's columns are checked on any Pillow."""
+    from dali_autoproxy.backends.torch_stage import pillow_weights, resample
+    rng, out = np.random.default_rng(seed), {}
+    saved, pillow_weights.ORDERS_PASSES = pillow_weights.ORDERS_PASSES, True
+    try:
+        for name, rows_first in (("vertical first", [True] * 6), ("horizontal first", [False] * 6),
+                                 ("both", [True, False] * 3)):
+            x, ins, _, kinds, _ = _batch(rng, 6, max_side=200)
+            outs = np.array([_shrinking(h, w) if first else _shrinking(w, h)[::-1]
+                             for (h, w), first in zip(ins.tolist(), rows_first)])
+            order = resample.vertical_first(ins, outs)
+            window = _windows(rng, outs)
+            resample._FORCE_TORCH_OPS = True
+            try:
+                want = resample.pillow_resize(x, ins, outs, kinds, window=window)
+            finally:
+                resample._FORCE_TORCH_OPS = False
+            got = _triton_resize(x, ins, outs, kinds, window=window).cpu()
+            out[name] = [bool(order.all()), bool(order.any()), int((want != got).sum()) + int(want.shape != got.shape)]
+    finally:
+        pillow_weights.ORDERS_PASSES = saved
+    return out
+
+
+def _shrinking(h: int, w: int):
+    """An output size (height, width) of an h x w image that shrinks its height by more than
+    twice as many pixels as its width (Pillow 13 resizes it vertically first)."""
+    shrink = h - max(1, h // 4)
+    return h - shrink, max(1, w - shrink // 3)
+
+
+PASS_ORDERS = {"vertical first": [True, True, 0], "horizontal first": [False, False, 0], "both": [False, True, 0]}
 
 
 STAGE_CHAINS = {  # chains whose end the second pass does (flips, ToFloat, Normalize), and one it cannot
@@ -265,7 +302,8 @@ def test_triton_kernel_in_tritons_interpreter_equals_pillow():
     pass) against the stage as torch ops: every value equal, in Triton's interpreter."""
     assert in_tritons_interpreter(__file__) == {"samples": 24, "different_from_pillow": 0,
                                                 "windowed": {"samples": 24, "different_from_pillow": 0},
-                                                "stage": {name: 0 for name in STAGE_CHAINS}}
+                                                "stage": {name: 0 for name in STAGE_CHAINS},
+                                                "pass orders": PASS_ORDERS}
 
 
 @pytest.mark.gpu
@@ -277,6 +315,7 @@ def test_triton_kernel_on_the_gpu_equals_pillow():
         assert differences_from_pillow(_triton_resize, 3, 30, windowed=True) == {
             "samples": 180, "different_from_pillow": 0}
         assert stage_differences("cuda", n=64) == {name: 0 for name in STAGE_CHAINS}
+        assert pass_order_differences() == PASS_ORDERS
     finally:
         DEVICE = "cpu"
 
@@ -360,4 +399,4 @@ if __name__ == "__main__":  # the interpreter test's subprocess
     resample._triton_kernel = lambda x: _triton_resample.resample_pass  # the interpreted kernel on the CPU
     print(json.dumps(dict(differences_from_pillow(_triton_resize, 1, 4),
                           windowed=differences_from_pillow(_triton_resize, 6, 4, windowed=True),
-                          stage=stage_differences("cpu", n=4))))
+                          stage=stage_differences("cpu", n=4), **{"pass orders": pass_order_differences()})))

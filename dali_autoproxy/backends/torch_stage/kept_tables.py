@@ -67,22 +67,33 @@ class KeptTables:
 
     def locate_rows(self, keys: np.ndarray) -> np.ndarray:
         """``locate`` of keys given as rows (float64 [N, 5]: input size, box start, box end,
-        output size, filter). Where every key is a whole image's (box 0..n) and kept already,
-        a sorted search of their codes, with no Python per key: a batch's lookup costs the
-        same few numpy calls for 2 keys or 512."""
+        output size, filter): whole images' (box 0..n) by ``locate_whole``."""
         n, b0, b1, out, kind = keys.T
-        if (b0 == 0).all() and (b1 == n).all() and (n < _CODE_LIMIT).all() and (out < _CODE_LIMIT).all():
-            codes = _code(n.astype(np.int64), out.astype(np.int64), kind.astype(np.int64))
-            with self._lock:
-                self._sort_codes()
-                at = np.minimum(np.searchsorted(self._codes, codes), max(len(self._codes) - 1, 0))
-                if len(self._codes) and (self._codes[at] == codes).all():
-                    if self._written is not None:
-                        torch.cuda.current_stream(self.device).wait_event(self._written)
-                    return self._code_where[:, at]
+        if (b0 == 0).all() and (b1 == n).all():
+            return self.locate_whole(n.astype(np.int64), out.astype(np.int64), kind.astype(np.int64))
         ints = keys.astype(np.int64)
         return self.locate(list(zip(ints[:, 0].tolist(), b0.tolist(), b1.tolist(), ints[:, 3].tolist(),
                                     ints[:, 4].tolist())))
+
+    def locate_whole(self, n: np.ndarray, out: np.ndarray, kind: np.ndarray) -> np.ndarray:
+        """``locate`` of whole images' keys (box 0..n) given as arrays (input sizes, output sizes
+        and filters, broadcast together: any shape S), int64 [4, *S]. Where every one is kept
+        already, a sorted search of their codes, with no Python per key: a batch's lookup costs
+        the same few numpy calls for 2 keys or 512."""
+        if n.max() < _CODE_LIMIT and out.max() < _CODE_LIMIT:
+            codes = _code(n, out, kind)
+            with self._lock:
+                self._sort_codes()
+                if len(self._codes):
+                    at = np.minimum(np.searchsorted(self._codes, codes), len(self._codes) - 1)
+                    if (self._codes[at] == codes).all():
+                        if self._written is not None:
+                            torch.cuda.current_stream(self.device).wait_event(self._written)
+                        return self._code_where[:, at]
+        n, out, kind = np.broadcast_arrays(n, out, kind)
+        columns = (a.ravel().tolist() for a in (n, out, kind))
+        where = self.locate([(m, 0.0, float(m), o, k) for m, o, k in zip(*columns)])
+        return where.reshape(4, *n.shape)
 
     def _sort_codes(self) -> None:
         if not self._new_codes:

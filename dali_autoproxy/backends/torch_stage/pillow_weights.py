@@ -33,6 +33,29 @@ _M_PI = 3.14159265358979323846
 _HAMMING_A, _HAMMING_B = float(np.float32(0.54)), float(np.float32(0.46))  # the C's 0.54f and 0.46f
 
 
+def _pillow_orders_passes() -> bool:
+    """Pillow 13 runs the vertical pass first when the height shrinks by more than twice as many
+    pixels as the width (python-pillow/Pillow#9549); before, always the horizontal one. The
+    intermediate is rounded to uint8, so the order changes the result."""
+    try:
+        import PIL
+        return int(PIL.__version__.split(".")[0]) >= 13
+    except Exception:  # pragma: no cover - no Pillow: torchvision's PIL path is not in use either
+        return True
+
+
+ORDERS_PASSES = _pillow_orders_passes()
+
+
+def vertical_first(in_hw: np.ndarray, out_hw: np.ndarray) -> np.ndarray:
+    """Per sample, whether this Pillow resizes vertically first (ImagingResampleInner): from the
+    image's size, not the box's (a box does not change the order)."""
+    if not ORDERS_PASSES:
+        return np.zeros(len(in_hw), dtype=bool)
+    shrink_y = in_hw[:, 0] - out_hw[:, 0]
+    return (shrink_y > 0) & (shrink_y > (in_hw[:, 1] - out_hw[:, 1]) * 2)
+
+
 def _sinc(x: float) -> float:
     if x == 0.0:
         return 1.0

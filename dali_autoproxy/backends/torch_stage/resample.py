@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from dali_autoproxy.backends.torch_stage import fused_resize, pillow_weights
+from dali_autoproxy.backends.torch_stage.pillow_weights import vertical_first
 from dali_autoproxy.backends.torch_stage.registry import (
     Batch,
     constant,
@@ -86,29 +87,6 @@ def _clip8(s: torch.Tensor) -> torch.Tensor:
     return s.add_(float(1 << (bits - 1))).mul_(2.0 ** -bits).floor_().clamp_(0, 255)
 
 
-def _pillow_orders_passes() -> bool:
-    """Pillow 13 runs the vertical pass first when the height shrinks by more than twice as many
-    pixels as the width (python-pillow/Pillow#9549); before, always the horizontal one. The
-    intermediate is rounded to uint8, so the order changes the result."""
-    try:
-        import PIL
-        return int(PIL.__version__.split(".")[0]) >= 13
-    except Exception:  # pragma: no cover - no Pillow: torchvision's PIL path is not in use either
-        return True
-
-
-ORDERS_PASSES = _pillow_orders_passes()
-
-
-def vertical_first(in_hw: np.ndarray, out_hw: np.ndarray) -> np.ndarray:
-    """Per sample, whether this Pillow resizes vertically first (ImagingResampleInner): from the
-    image's size, not the box's (a box does not change the order)."""
-    shrink_y = in_hw[:, 0] - out_hw[:, 0]
-    if not ORDERS_PASSES:
-        return np.zeros(len(in_hw), dtype=bool)
-    return (shrink_y > 0) & (shrink_y > (in_hw[:, 1] - out_hw[:, 1]) * 2)
-
-
 def _two_passes(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray, boxes: np.ndarray,
                 columns_first: bool, window: Optional[np.ndarray] = None) -> torch.Tensor:
     out = _two_passes_whole(x, in_hw, out_hw, kinds, boxes, columns_first)
@@ -150,7 +128,7 @@ def pillow_resize(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds:
     kernel = _triton_kernel(x) if not _FORCE_TORCH_OPS else None
     if kernel is not None:
         try:
-            return fused_resize.two_passes(kernel, x, in_hw, out_hw, kinds, boxes, order, window)
+            return fused_resize.two_passes(kernel, x, in_hw, out_hw, kinds, boxes, window)
         except Exception as e:  # noqa: BLE001 - see _triton_failed
             _triton_failed(e)
     return _by_order(_two_passes, x, in_hw, out_hw, kinds, boxes, order, window)
@@ -199,26 +177,18 @@ def _resize_and_tail(x: torch.Tensor, ops: list, k: int, batch: Batch) -> Option
     kernel = _triton_kernel(x) if not _FORCE_TORCH_OPS else None
     if kernel is None:
         return None
-    op, j, window = ops[k], k + 1, None
-    if j < len(ops) and type(ops[j]) is Crop:
-        window = _window(op, ops[j], batch)
-        if window is None:
-            return None
-        j += 1
-    tail, end = fused_resize.Tail.of(ops, j, batch)
-    p = batch.host[:, op.span("in_height", "filter")].astype(np.int64)
-    in_hw, out_hw = p[:, 0:2], p[:, 2:4]
-    boxes = np.asarray(batch.host[:, op.span("box_top", "box_right")], dtype=np.float32).astype(np.float64)
-    out_dtype = torch.uint8 if tail.integer and end == len(ops) else torch.float32
+    run = fused_resize.resize_run(ops, k, batch.integer)
+    out_dtype = torch.uint8 if run.tail.integer and run.end == len(ops) else torch.float32
     try:
-        out = fused_resize.two_passes(kernel, x, in_hw, out_hw, p[:, 4], boxes, vertical_first(in_hw, out_hw),
-                                      window, tail, out_dtype)
+        done = run(kernel, x, batch, out_dtype)
     except Exception as e:  # noqa: BLE001 - see _triton_failed
         _triton_failed(e)
         return None
-    batch.sizes = out_hw if window is None else window[:, 2:4]
-    batch.integer = tail.integer
-    return out, end
+    if done is None:
+        return None
+    out, batch.sizes = done
+    batch.integer = run.tail.integer
+    return out, run.end
 
 
 @fused_pair(PillowResize, Crop)
