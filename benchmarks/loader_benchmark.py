@@ -389,7 +389,7 @@ class ThreadClock:
         runner.DaliRunner.collect = timed(real_collect, "collect")
         runner._feed = timed(real_feed, "feed")
         WINDOW_OBSERVERS.append(self)
-        self._computing = _lookups_computing()
+        self._computing, self._replays = _lookups_computing(), _graph_replays()
         self._main = time.perf_counter(), time.thread_time()
         return self
 
@@ -412,12 +412,14 @@ class ThreadClock:
         wall, cpu = time.perf_counter() - self._main[0], time.thread_time() - self._main[1]
         self.main_busy = cpu / max(wall, 1e-9)
         self.computing = _lookups_computing() - self._computing
+        self.replays = _graph_replays() - self._replays
 
     def summary(self) -> dict:
         out = {"main_thread_busy": round(self.main_busy, 3)}
         n_stage = sum(1 for r in self.rows if r[0] == "stage")
-        if n_stage:  # the exact resize: batches whose tables were not all kept yet (the run's, warm-up included)
-            out["stage_batches"], out["stage_batches_computing_tables"] = n_stage, self.computing
+        if n_stage:  # the exact resize: batches whose tables were not all kept yet, batches replayed from
+            out["stage_batches"], out["stage_batches_computing_tables"] = n_stage, self.computing  # CUDA graphs
+            out["stage_batches_replayed"] = self.replays
         for kind in ("feed", "outputs", "stage"):
             rows = [r for r in self.rows if r[0] == kind][5:]  # the first batches compile and allocate
             if rows:
@@ -435,6 +437,12 @@ def _lookups_computing() -> int:
     """How many table lookups of the exact resize computed new tables so far, every device."""
     from dali_autoproxy.backends.torch_stage import kept_tables
     return sum(store.lookups_computing for store in kept_tables._KEPT.values())
+
+
+def _graph_replays() -> int:
+    """How many batches the exact resize launched as a replay of a CUDA graph so far."""
+    from dali_autoproxy.backends.torch_stage import fused_resize
+    return fused_resize.GRAPHS.replays
 
 
 def _dali_ops(jpegs, kind, dali_device, hw_decoder_load=None):

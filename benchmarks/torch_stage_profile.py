@@ -149,8 +149,9 @@ def host_profile(chain: str, plan, ops, x: torch.Tensor, a) -> None:
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
     pstats.Stats(prof, stream=buf).sort_stats("cumtime").print_stats(25)
     ms = round(1000 * float(np.median(host)), 3)
+    from dali_autoproxy.backends.torch_stage import fused_resize
     print(json.dumps({"chain": chain, "resize": a.resize, "host_ms_per_batch": round(1000 * float(np.median(plain)), 3),
-                      "host_ms_per_batch_profiled": ms}))
+                      "host_ms_per_batch_profiled": ms, "graph_replays": fused_resize.GRAPHS.replays}))
     print(buf.getvalue())
 
 

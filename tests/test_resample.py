@@ -286,11 +286,13 @@ def stage_differences(device: str, seed: int = 0, n: int = 10) -> dict:
             want = TorchStage(ops)(x, params)
         finally:
             resample._FORCE_TORCH_OPS = False
-        got = TorchStage(ops)(x.to(device), params)
-        assert fused_color._STATE["usable"] is not False, "the Triton kernel failed: the torch ops ran instead"
-        pairs = list(zip(want, got)) if isinstance(want, list) else [(want, got)]
-        out[name] = sum(int((a != b.cpu()).sum()) + int(a.dtype != b.dtype) + int(a.shape != b.shape)
-                        for a, b in pairs)
+        out[name] = 0
+        for _ in range(3 if device == "cuda" else 1):  # on the GPU: launched directly, then replayed graphs
+            got = TorchStage(ops)(x.to(device), params)
+            assert fused_color._STATE["usable"] is not False, "the Triton kernel failed: the torch ops ran instead"
+            pairs = list(zip(want, got)) if isinstance(want, list) else [(want, got)]
+            out[name] += sum(int((a != b.cpu()).sum()) + int(a.dtype != b.dtype) + int(a.shape != b.shape)
+                             for a, b in pairs)
     return out
 
 
@@ -308,16 +310,56 @@ def test_triton_kernel_in_tritons_interpreter_equals_pillow():
 
 @pytest.mark.gpu
 def test_triton_kernel_on_the_gpu_equals_pillow():
+    """Compiled, launched directly and replayed from CUDA graphs (every batch of a shape after
+    its first: more batches than graphs, so each graph's buffers are refilled)."""
+    from dali_autoproxy.backends.torch_stage import fused_resize
     global DEVICE
     DEVICE = "cuda"
+    replays = fused_resize.GRAPHS.replays
     try:
         assert differences_from_pillow(_triton_resize, 2, 30) == {"samples": 180, "different_from_pillow": 0}
+        assert fused_resize.GRAPHS.replays - replays >= 20, "the batches were not replayed from graphs"
         assert differences_from_pillow(_triton_resize, 3, 30, windowed=True) == {
             "samples": 180, "different_from_pillow": 0}
         assert stage_differences("cuda", n=64) == {name: 0 for name in STAGE_CHAINS}
         assert pass_order_differences() == PASS_ORDERS
     finally:
         DEVICE = "cpu"
+
+
+@pytest.mark.gpu
+def test_graphs_shared_by_threads_stay_right(monkeypatch):
+    """Three pipeline threads, each on its own stream, resizing batches of the same shapes at
+    once (so replaying the same graphs, their buffers refilled in turn): every batch equals the
+    same batch resized alone."""
+    import threading
+
+    from dali_autoproxy.backends.torch_stage import _triton_resample, fused_resize
+    from dali_autoproxy.backends.torch_stage.launch_graphs import LaunchGraphs
+    graphs = LaunchGraphs("exact resize")
+    monkeypatch.setattr(fused_resize, "GRAPHS", graphs)
+    rng = np.random.default_rng(11)
+    batches = [_batch(rng, 6)[:4] for _ in range(6)]
+
+    def resize(x, ins, outs, kinds):
+        boxes = np.concatenate([0 * ins, ins], 1).astype(np.float64)
+        return fused_resize.two_passes(_triton_resample.resample_pass, x.to(torch.uint8).cuda(), ins, outs, kinds,
+                                       boxes)
+    want = [resize(*b).cpu() for b in batches]  # each shape's first batch: launched directly
+    wrong = []
+
+    def pipeline_thread():
+        with torch.cuda.stream(torch.cuda.Stream()):
+            for _ in range(8):
+                got = [resize(*b) for b in batches]
+                wrong.extend(k for k, (g, w) in enumerate(zip(got, want)) if not torch.equal(g.cpu(), w))
+    threads = [threading.Thread(target=pipeline_thread) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+    assert graphs.replays == 3 * 8 * len(batches)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Pillow's resize of a batch as two Triton launches, the end of the chain folded into the second.
+"""Pillow's resize of a batch in two Triton launches (a graph replay), the chain's end in the second.
 
 The stage runs on the pipeline's thread, in the main process, under the GIL that the training
 loop, the loader and the pin-memory thread share: every host microsecond it spends is taken
@@ -11,7 +11,10 @@ throughput one for one). So a batch costs the host a fixed few steps, whatever i
   position in the chain: a batch reads every column it needs with one index of its params rows
   and builds both passes' rows with a few whole-array numpy calls, none per sample;
 - both passes' tables located together (``KeptTables.locate_whole``: a sorted search of codes)
-  and sent in one copy, with each sample's extents, pass axis and flips;
+  and sent in one copy, with each sample's extents, pass axis and flips, and the tensors'
+  addresses and strides: the kernel reads everything that changes between batches from that
+  block, so the two launches are one replay of a CUDA graph for every batch of a shape after
+  its first (``launch_graphs``);
 - the pass between them in uint8 (Pillow rounds it to 8 bits anyway);
 - the flips, ToFloat and Normalize that follow (RandomHorizontalFlip, ToTensor, Normalize: the
   classification recipes' end) done by the second pass as it stores, in torch's float32 steps.
@@ -30,10 +33,13 @@ import torch
 
 from dali_autoproxy.backends.torch_stage import pillow_weights as pw
 from dali_autoproxy.backends.torch_stage.kept_tables import KeptTables, kept_tables
+from dali_autoproxy.backends.torch_stage.launch_graphs import LaunchGraphs
 from dali_autoproxy.backends.torch_stage.registry import Batch, constant, upload
 from dali_autoproxy.plan.ir import Crop, Flip, Normalize, PillowResize, ToCHW, ToFloat
 
-# the rows of a pass's table (int64 [ROWS, B], a column per sample) that _triton_resample.resample_pass reads
+# a pass's block (int64) that _triton_resample.resample_pass reads: META addresses and strides, then
+# the rows [ROWS, B], a column per sample
+META = 12
 FIRST, WEIGHTS, TAPS, N_OUT, N_ACROSS, ALONG_WIDTH, N_IN, FLIP_X, FLIP_Y = range(9)
 ROWS = 9
 BLOCK = 32
@@ -177,22 +183,24 @@ def passes(kernel, x: torch.Tensor, v: np.ndarray, boxes: np.ndarray, tail: Tail
     if boxes[:, :2].any() or (boxes[:, 2:] != v[:, 0:2]).any():  # a box inside the image (the user's)
         bt = boxes.T.astype(np.float64)
         keys = np.stack([vt[0:2], bt[0:2], bt[2:4], vt[2:4], np.broadcast_to(vt[4], (2, len(v)))], 2).reshape(-1, 5)
-    t = _table(kept_tables(x.device), vt[0:2], vt[2:4], vt[4], keys, size, start, axes, flips)
+    block = _table(kept_tables(x.device), vt[0:2], vt[2:4], vt[4], keys, size, start, axes, flips)
     hw = size.T if first_axes == (0,) else size[::-1].T  # each sample's (height, width)
     if len(first_axes) == 2:
         hw = np.where(order[:, None], size.T, hw)
-    return _launch(kernel, x, t, first_axes, tail, out_dtype, constants), np.ascontiguousarray(hw)
+    return _launch(kernel, x, block, first_axes, tail, out_dtype, constants), np.ascontiguousarray(hw)
 
 
 def _table(kept: KeptTables, ins: np.ndarray, outs: np.ndarray, kinds: np.ndarray, keys: Optional[np.ndarray],
            size: np.ndarray, start: Optional[np.ndarray], axes, flips: np.ndarray) -> np.ndarray:
-    """Both passes' rows, int64 [2, ROWS, B], from per-pass [2, B] arrays (first pass, second):
-    input and output extents, the extents computed (``size``: the window's, or the outputs) and
-    where they start (None: at 0), each pass's image axis (1: the width; a number, or one per
-    sample), the second pass's flips [2, B]; the tables' keys as
-    rows (``KeptTables.locate_rows``; None: whole images, located by ``ins``, ``outs``, ``kinds``)."""
+    """Both passes' blocks, int64 [2, META + ROWS * B]: room for the addresses and strides
+    (``_launch`` writes them), then the rows [ROWS, B], from per-pass [2, B] arrays (first pass,
+    second): input and output extents, the extents computed (``size``: the window's, or the
+    outputs) and where they start (None: at 0), each pass's image axis (1: the width; a number,
+    or one per sample), the second pass's flips [2, B]; the tables' keys as rows
+    (``KeptTables.locate_rows``; None: whole images, located by ``ins``, ``outs``, ``kinds``)."""
     b = ins.shape[1]
-    t = np.empty((2, ROWS, b), dtype=np.int64)
+    block = np.empty((2, META + ROWS * b), dtype=np.int64)
+    t = block[:, META:].reshape(2, ROWS, b)
     where = kept.locate_whole(ins, outs, kinds) if keys is None else kept.locate_rows(keys).reshape(4, 2, b)
     t[:, :4] = where.transpose(1, 0, 2)
     if start is not None:  # the window's first output pixel: an offset into the tables
@@ -205,14 +213,20 @@ def _table(kept: KeptTables, ins: np.ndarray, outs: np.ndarray, kinds: np.ndarra
     t[:, N_IN] = ins
     t[0, FLIP_X:] = 0
     t[1, FLIP_X:] = flips
-    return t
+    return block
 
 
-def _launch(kernel, x: torch.Tensor, t: np.ndarray, first_axes: Tuple[int, ...], tail: Tail,
+GRAPHS = LaunchGraphs("exact resize")
+_FLOATS = {torch.uint8: False, torch.float32: True}  # the element types the kernel reads and writes
+
+
+def _launch(kernel, x: torch.Tensor, block: np.ndarray, first_axes: Tuple[int, ...], tail: Tail,
             out_dtype: torch.dtype, constants: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The two launches on the rows ``t``; ``first_axes``: the image axes the samples' first
-    passes run along (one of them, or both)."""
+    """The two launches on the blocks of ``_table`` (replayed as a CUDA graph where one was
+    captured for this shape: ``launch_graphs``); ``first_axes``: the image axes the samples'
+    first passes run along (one of them, or both)."""
     b, c, dev = x.shape[0], x.shape[1], x.device
+    t = block[:, META:].reshape(2, ROWS, b)
     extents = t[:, N_OUT:N_ACROSS + 1]
     (out1, across1), (out2, across2) = extents.max(2).tolist()
     if len(first_axes) == 1:  # every sample in one order: the extents are the passes' own
@@ -223,20 +237,34 @@ def _launch(kernel, x: torch.Tensor, t: np.ndarray, first_axes: Tuple[int, ...],
         middle = np.where(along_width, t[0, [N_ACROSS, N_OUT]], t[0, [N_OUT, N_ACROSS]])
         done = np.where(along_width, t[1, [N_OUT, N_ACROSS]], t[1, [N_ACROSS, N_OUT]])
         middle_hw, out_hw = tuple(middle.max(1).tolist()), tuple(done.max(1).tolist())
-    tables, kept = upload(t, dev), kept_tables(dev)
     middle = torch.empty((b, c, *middle_hw), dtype=torch.uint8, device=dev)
     one_size = extents[1].min(1).tolist() == [out2, across2]  # else the padding is zeroed
     out = (torch.empty if one_size else torch.zeros)((b, c, *out_hw), dtype=out_dtype, device=dev)
+    kept = kept_tables(dev)
+    block[0, :META] = (x.data_ptr(), middle.data_ptr(), kept.first.data_ptr(), kept.weights.data_ptr(),
+                       *x.stride(), *middle.stride())
+    block[1, :META] = (middle.data_ptr(), out.data_ptr(), kept.first.data_ptr(), kept.weights.data_ptr(),
+                       *middle.stride(), *out.stride())
     mean_t, std_t = constants
-    normalize = tail.mean is not None
-    for p, (src, dst) in enumerate(((x, middle), (middle, out))):
-        last = p == 1
-        grid = (b * c, -(-(out2 if last else out1) // BLOCK), -(-(across2 if last else across1) // BLOCK))
-        kernel[grid](src, dst, kept.first, kept.weights, tables[p], mean_t, std_t, c, b,
-                     *src.stride(), *dst.stride(), tail.scale if last else 1.0,
-                     AFFINE=tail.affine if last else NO_AFFINE, NORMALIZE=normalize and last,
-                     BLOCK_O=BLOCK, BLOCK_A=BLOCK, num_warps=4, enable_fp_fusion=False)
+    floats = (_FLOATS[x.dtype], _FLOATS[out_dtype])
+
+    def launches(on_device: torch.Tensor, grids) -> None:
+        for p in (0, 1):
+            last = p == 1
+            kernel[grids[p]](on_device[p], mean_t, std_t, c, b, tail.scale if last else 1.0,
+                             SRC_FLOAT=floats[0] and not last, DST_FLOAT=floats[1] and last,
+                             AFFINE=tail.affine if last else NO_AFFINE, NORMALIZE=tail.mean is not None and last,
+                             META=META, BLOCK_O=BLOCK, BLOCK_A=BLOCK, num_warps=4, enable_fp_fusion=False)
+
+    blocks = [[-(-e // BLOCK) for e in pair] for pair in ((out1, across1), (out2, across2))]
+    spare = [tuple([b * c] + [-(-n // GRID_STEP) * GRID_STEP for n in pair]) for pair in blocks]  # a graph's grid
+    key = (b, c, *spare, floats, tail.affine, tail.mean is not None, tail.scale, mean_t.data_ptr(), std_t.data_ptr())
+    if not GRAPHS.run(key, block, dev, lambda on_device: launches(on_device, spare)):
+        launches(upload(block, dev), [(b * c, *pair) for pair in blocks])
     return out
+
+
+GRID_STEP = 4  # a graph's grid has room for extents up to the next multiple of this many blocks
 
 
 def _normalize_constants(tail: Tail, channels: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:

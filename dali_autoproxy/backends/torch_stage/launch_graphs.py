@@ -1,0 +1,107 @@
+"""CUDA graphs of a batch's kernel launches, replayed for every batch of the same launch shape.
+
+The stage's kernels run on the pipeline's thread under the GIL the training loop shares, and
+a Triton launch costs that thread tens of microseconds of Python (binding and specialising its
+arguments) however small the batch. A kernel that reads everything that changes from batch to
+batch (tensor addresses, strides, per-sample rows) from one int64 block in device memory
+launches identically for every batch of one shape (grid, compile-time constants, scalars): so
+its launches are captured once as a CUDA graph and replayed, one call for the whole sequence.
+Per batch the host writes the block into the graph's own pinned buffer, queues its copy to
+the graph's device block, and replays.
+
+Each shape keeps ``DEPTH`` graphs used in turn, each with its own buffers: a buffer is written
+again only once the replay that read it has run (its event), so the host never waits for the
+GPU unless it is that many batches ahead (several pipeline threads share them: one at a time,
+under a lock, picks a graph, fills its buffers and queues its replay). A shape's first batch is launched directly (its
+kernels compile there, which a capture may not do); a capture that fails switches the graphs
+off for good (logged once) and the direct launches serve.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Dict, Hashable, List, Set
+
+import numpy as np
+import torch
+
+log = logging.getLogger("dali_autoproxy")
+
+Launches = Callable[[torch.Tensor], None]  # launches(block on the device): the kernels of one batch
+
+
+class _Graph:
+    """One captured sequence of launches and the buffers it reads."""
+
+    def __init__(self, shape, device: torch.device, launches: Launches) -> None:
+        self.host = torch.empty(shape, dtype=torch.int64).pin_memory()
+        self.host_view = self.host.numpy()
+        self.block = torch.zeros(shape, dtype=torch.int64, device=device)
+        self.done = torch.cuda.Event()
+        self.graph = torch.cuda.CUDAGraph()
+        current = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            self.graph.capture_begin(capture_error_mode="thread_local")  # other threads launch freely
+            try:
+                launches(self.block)
+            finally:
+                self.graph.capture_end()
+        current.wait_stream(side)
+
+    def replay(self, block: np.ndarray) -> None:
+        self.done.synchronize()  # the replay that last read this graph's buffers has run
+        self.host_view[...] = block
+        self.block.copy_(self.host, non_blocking=True)
+        self.graph.replay()
+        self.done.record()
+
+
+class LaunchGraphs:
+    """The graphs of one kind of launch sequence, by shape (see the module's docstring)."""
+
+    DEPTH = 4
+    SHAPES = 32  # shapes kept; past them, batches of new shapes are launched directly
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.enabled = True
+        self._seen: Set[Hashable] = set()
+        self._graphs: Dict[Hashable, List[_Graph]] = {}
+        self._turn: Dict[Hashable, int] = {}
+        self.replays = 0  # batches served by a replay (tests and benchmarks read it)
+        self._lock = threading.Lock()
+
+    def run(self, key: Hashable, block: np.ndarray, device: torch.device, launches: Launches) -> bool:
+        """The batch's launches (``launches`` of the device block that holds ``block``) by a
+        replay of the graph for ``key``, a shape of launch (everything the launches take
+        besides the block); False where the caller is to launch them itself, directly."""
+        if not self.enabled or device.type != "cuda":
+            return False
+        with self._lock:
+            return self._run(key, block, device, launches)
+
+    def _run(self, key: Hashable, block: np.ndarray, device: torch.device, launches: Launches) -> bool:
+        ring = self._graphs.get(key)
+        if ring is None:
+            if key not in self._seen or len(self._graphs) >= self.SHAPES:
+                if len(self._seen) >= 64 * self.SHAPES:  # a stream of shapes never seen twice
+                    self._seen.clear()
+                self._seen.add(key)
+                return False
+            ring = self._graphs[key] = []
+            self._turn[key] = 0
+        turn = self._turn[key]
+        self._turn[key] = (turn + 1) % self.DEPTH
+        if turn == len(ring):
+            try:
+                ring.append(_Graph(block.shape, device, launches))
+            except Exception as e:  # noqa: BLE001 - a capture that fails must not stop training
+                log.warning("CUDA graphs of the %s launches are off (%s: %s): they are launched directly",
+                            self.name, type(e).__name__, e)
+                self.enabled = False
+                return False
+        ring[turn].replay(block)
+        self.replays += 1
+        return True
