@@ -422,9 +422,11 @@ class ThreadClock:
             out["stage_batches_replayed"] = self.replays
         for kind in ("feed", "outputs", "stage"):
             rows = [r for r in self.rows if r[0] == kind][5:]  # the first batches compile and allocate
-            if rows:
-                out[f"{kind}_wall_ms"] = round(1000 * float(np.median([r[1] for r in rows])), 3)
-                out[f"{kind}_cpu_ms"] = round(1000 * float(np.median([r[2] for r in rows])), 3)
+            if rows:  # medians, and means (a tail of slow batches shows only in these)
+                for name, column in (("wall", 1), ("cpu", 2)):
+                    values = [r[column] for r in rows]
+                    out[f"{kind}_{name}_ms"] = round(1000 * float(np.median(values)), 3)
+                    out[f"{kind}_{name}_ms_mean"] = round(1000 * float(np.mean(values)), 3)
         if self.window is not None and self.window[1] is not None:
             t0, t1 = self.window
             for kind in ("pull", "collect"):

@@ -141,7 +141,8 @@ def test_loader_benchmark_long_epoch_and_thread_times_end_to_end(tmp_path):
     row, = json.loads(out.read_text())["results"]
     assert row["images"] == (64 // 8 - 2) * 8  # batches [1, 7) of the 64-sample epoch, not of the 24 files
     times, = row["thread_times"]
-    assert times["feed_cpu_ms"] > 0 and times["stage_cpu_ms"] > 0
+    assert times["feed_cpu_ms"] > 0 and times["stage_cpu_ms"] > 0 and times["stage_cpu_ms_mean"] > 0
+    assert times["stage_batches_replayed"] == 0  # CUDA graphs only on the GPU
     assert 0 <= times["main_waits_pull"] and 0 <= times["main_waits_collect"]
     assert times["main_waits_pull"] + times["main_waits_collect"] <= 1.01
 
