@@ -258,7 +258,8 @@ def _launch(kernel, x: torch.Tensor, block: np.ndarray, first_axes: Tuple[int, .
 
     blocks = [[-(-e // BLOCK) for e in pair] for pair in ((out1, across1), (out2, across2))]
     spare = [tuple([b * c] + [-(-n // GRID_STEP) * GRID_STEP for n in pair]) for pair in blocks]  # a graph's grid
-    key = (b, c, *spare, floats, tail.affine, tail.mean is not None, tail.scale, mean_t.data_ptr(), std_t.data_ptr())
+    key = (dev.index, b, c, *spare, floats, tail.affine, tail.mean is not None, tail.scale,  # a graph is per device
+           mean_t.data_ptr(), std_t.data_ptr())
     if not GRAPHS.run(key, block, dev, lambda on_device: launches(on_device, spare)):
         launches(upload(block, dev), [(b * c, *pair) for pair in blocks])
     return out
