@@ -60,6 +60,7 @@ class TorchStage:
         self.kernels = [TORCH_KERNELS[op] for op in self.ops]
         self.pairs = {k: FUSED_PAIRS[pair] for k, pair in enumerate(zip(map(type, self.ops), map(type, self.ops[1:])))
                       if pair in FUSED_PAIRS}  # op k and k + 1 in one kernel where the batch allows
+        self.prepared: dict = {}  # what the kernels prepare once for this stage (Batch.prepared)
 
     def __call__(self, out: Union[torch.Tensor, List[torch.Tensor]], params) -> Union[torch.Tensor, List[torch.Tensor]]:
         host = np.asarray(params)
@@ -68,7 +69,7 @@ class TorchStage:
             if not (self.ops and self.ops[0].ragged):  # one sample at a time
                 return [self(o.unsqueeze(0), params[k:k + 1]).squeeze(0) for k, o in enumerate(out)]
             out, sizes = _padded(out)  # one batch, each sample in its top-left corner
-        batch = Batch(host, device=out.device)
+        batch = Batch(host, device=out.device, prepared=self.prepared)
         batch.sizes = sizes
         x = out.permute(0, 3, 1, 2)  # whole numbers 0..255 until a ToFloat
         if not (self.ops and type(self.ops[0]) in TAKES_UINT8):

@@ -8,7 +8,7 @@ throughput one for one). So a batch costs the host a fixed few steps, whatever i
 - each sample's two passes in the order Pillow runs them for that image (``ORDERS_PASSES``),
   one launch per pass for the whole batch: the kernel reads per sample which axis it resamples;
 - the stage's run (``ResizeRun``: the resize, the crop after it, the tail) prepared once per
-  position in the chain: a batch reads every column it needs with one index of its params rows
+  stage and position: a batch reads every column it needs with one index of its params rows
   and builds both passes' rows with a few whole-array numpy calls, none per sample;
 - both passes' tables located together (``KeptTables.locate_whole``: a sorted search of codes)
   and sent in one copy, with each sample's extents, pass axis and flips, and the tensors'
@@ -97,8 +97,8 @@ NO_TAIL = Tail()
 class ResizeRun:
     """The stage's run from a PillowResize at ops[k]: the resize, the Crop right after it as its
     window (CenterCrop after Resize: only the crop's pixels are resampled) and the ``Tail`` its
-    second pass does, prepared once for the chain, so that a batch costs a fixed few numpy calls
-    (``passes``)."""
+    second pass does, prepared once for the stage (``Batch.prepared``), so that a batch costs a
+    fixed few numpy calls (``passes``)."""
 
     def __init__(self, ops: Sequence[object], k: int, integer: bool) -> None:
         op: PillowResize = ops[k]
@@ -125,21 +125,6 @@ class ResizeRun:
             self._constants[x.device] = _normalize_constants(self.tail, x.shape[1], x.device)
         return passes(kernel, x, v, batch.host[:, self.box].astype(np.float32), self.tail, self.tail.flips(batch.host),
                       out_dtype, self._constants[x.device])
-
-
-_RUNS: Dict[Tuple[int, int, bool], Tuple[Sequence[object], ResizeRun]] = {}
-
-
-def resize_run(ops: Sequence[object], k: int, integer: bool) -> ResizeRun:
-    """The prepared run of the chain ``ops`` from k (kept with the list it was made for, so an
-    id is never reused while its entry lives; a few chains at a time)."""
-    key = (id(ops), k, integer)
-    kept = _RUNS.get(key)
-    if kept is None or kept[0] is not ops:
-        if len(_RUNS) >= 64:
-            _RUNS.clear()
-        kept = _RUNS[key] = (ops, ResizeRun(ops, k, integer))
-    return kept[1]
 
 
 def two_passes(kernel, x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,

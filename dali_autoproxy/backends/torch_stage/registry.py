@@ -20,17 +20,20 @@ class Batch:
     still whole numbers 0..255 (uint8 semantics; ToFloat ends that). ``sizes``: set by the
     kernels that change sizes (resample.py); samples smaller than the batch sit in its top-left
     corner, zero-padded (int64 [B, 2], each sample's (height, width), when they differ).
-    ``kept``: the images a recorded Image.blend keeps ("keep" / "blend_kept")."""
+    ``kept``: the images a recorded Image.blend keeps ("keep" / "blend_kept"). ``prepared``: what
+    kernels prepare once for their stage (by their own keys, such as their op's position) and
+    find again in every later batch of it."""
 
     def __init__(self, host: np.ndarray, params: Optional[torch.Tensor] = None, integer: bool = True,
                  sizes: Optional[np.ndarray] = None, kept: Optional[torch.Tensor] = None,
-                 device: Optional[torch.device] = None) -> None:
+                 device: Optional[torch.device] = None, prepared: Optional[dict] = None) -> None:
         self.host = host
         self._params = params
         self._device = device if params is None else params.device
         self.integer = integer
         self.sizes = sizes
         self.kept = kept
+        self.prepared = {} if prepared is None else prepared
 
     @property
     def params(self) -> torch.Tensor:
@@ -41,7 +44,7 @@ class Batch:
     def sample(self, i: int) -> "Batch":
         """The context of sample i alone (its rows; its device rows where they were copied)."""
         params = None if self._params is None else self._params[i:i + 1]
-        return Batch(self.host[i:i + 1], params, self.integer, device=self._device)
+        return Batch(self.host[i:i + 1], params, self.integer, device=self._device, prepared=self.prepared)
 
     def flag(self, slot: int) -> torch.Tensor:
         """params[:, slot] != 0 as a [B, 1, 1, 1] mask (a per-sample coin)."""

@@ -177,7 +177,10 @@ def _resize_and_tail(x: torch.Tensor, ops: list, k: int, batch: Batch) -> Option
     kernel = _triton_kernel(x) if not _FORCE_TORCH_OPS else None
     if kernel is None:
         return None
-    run = fused_resize.resize_run(ops, k, batch.integer)
+    key = (_resize_and_tail, k, batch.integer)
+    run = batch.prepared.get(key)
+    if run is None:
+        run = batch.prepared[key] = fused_resize.ResizeRun(ops, k, batch.integer)
     out_dtype = torch.uint8 if run.tail.integer and run.end == len(ops) else torch.float32
     try:
         done = run(kernel, x, batch, out_dtype)
