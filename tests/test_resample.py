@@ -20,9 +20,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FILTERS = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
 
 
-def _batch(rng, n, max_side=160, max_out=120):
+COMPUTED = [FILTERS[k] for k in ("bilinear", "bicubic", "box")]  # filters whose weights the kernel computes
+
+
+def _batch(rng, n, max_side=160, max_out=120, filters=tuple(FILTERS.values())):
     """n random crops of photographs (each its own size), padded into one batch, with random
-    output sizes and filters: (x, in_hw, out_hw, kinds, crops)."""
+    output sizes and filters (of ``filters``): (x, in_hw, out_hw, kinds, crops)."""
     photos = photographs()
     crops, ins, outs = [], [], []
     for b in range(n):
@@ -35,8 +38,17 @@ def _batch(rng, n, max_side=160, max_out=120):
     x = torch.zeros(n, 3, max(i[0] for i in ins), max(i[1] for i in ins))
     for b, c in enumerate(crops):
         x[b, :, :c.shape[0], :c.shape[1]] = torch.from_numpy(c).permute(2, 0, 1).float()
-    kinds = rng.choice(list(FILTERS.values()), n)
+    kinds = rng.choice(list(filters), n)
     return x, np.array(ins), np.array(outs), kinds, crops
+
+
+def _boxes(rng, ins: np.ndarray) -> np.ndarray:
+    """A random box (top, left, bottom, right: C floats) inside each input size, or the whole image."""
+    start = rng.uniform(0, 0.4, ins.shape) * ins
+    end = ins - rng.uniform(0, 0.4, ins.shape) * ins
+    boxes = np.concatenate([start, np.maximum(end, start + 0.5)], 1).astype(np.float32).astype(np.float64)
+    whole = rng.random(len(ins)) < 0.25
+    return np.where(whole[:, None], np.concatenate([0 * ins, ins], 1), boxes)
 
 
 def _windows(rng, outs: np.ndarray) -> np.ndarray:
@@ -46,17 +58,23 @@ def _windows(rng, outs: np.ndarray) -> np.ndarray:
     return np.concatenate([start, size], 1).astype(np.int64)
 
 
-def differences_from_pillow(resize, seed: int, batches: int, n: int = 6, windowed: bool = False) -> dict:
+def differences_from_pillow(resize, seed: int, batches: int, n: int = 6, windowed: bool = False,
+                            filters=tuple(FILTERS.values()), boxed: bool = False) -> dict:
     """Samples whose resize differs from Pillow's anywhere, of all those tried; ``windowed``: a
-    random crop of each resized image folded into the resize, against Pillow's resize, then crop."""
+    random crop of each resized image folded into the resize, against Pillow's resize, then crop;
+    ``boxed``: a random box of each image resized (Pillow's ``box``), most of them inside it."""
     rng = np.random.default_rng(seed)
     total = bad = 0
     for _ in range(batches):
-        x, ins, outs, kinds, crops = _batch(rng, n)
+        x, ins, outs, kinds, crops = _batch(rng, n, filters=filters)
         window = _windows(rng, outs) if windowed else None
-        out = (resize(x, ins, outs, kinds, window=window) if windowed else resize(x, ins, outs, kinds)).cpu()
+        boxes = _boxes(rng, ins) if boxed else None
+        out = resize(x, ins, outs, kinds, **({"window": window} if windowed else {}),
+                     **({"boxes": boxes} if boxed else {})).cpu()
         for b in range(n):
-            ref = np.asarray(Image.fromarray(crops[b]).resize((int(outs[b][1]), int(outs[b][0])), int(kinds[b])))
+            box = None if boxes is None else tuple(float(v) for v in boxes[b][[1, 0, 3, 2]])
+            ref = np.asarray(Image.fromarray(crops[b]).resize((int(outs[b][1]), int(outs[b][0])), int(kinds[b]),
+                                                              box=box))
             if windowed:
                 top, left, height, width = window[b]
                 ref = ref[top:top + height, left:left + width]
@@ -196,15 +214,16 @@ def test_pass_order_follows_pillow():
     assert list(order) == ([True, False] if int(PIL.__version__.split(".")[0]) >= 13 else [False, False])
 
 
-def _triton_resize(x, ins, outs, kinds, window=None):
+def _triton_resize(x, ins, outs, kinds, window=None, boxes=None):
     """The Triton passes on the batch as the torch stage hands it over: DALI's uint8 HWC, permuted."""
     from dali_autoproxy.backends.torch_stage import _triton_resample, fused_resize
     as_dali_made_it = x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().to(DEVICE).permute(0, 3, 1, 2)
-    return fused_resize.two_passes(_triton_resample.resample_pass, as_dali_made_it, ins, outs, kinds,
-                                   np.concatenate([0 * ins, ins], 1).astype(np.float64), window)
+    if boxes is None:
+        boxes = np.concatenate([0 * ins, ins], 1).astype(np.float64)
+    return fused_resize.two_passes(_triton_resample, as_dali_made_it, ins, outs, kinds, boxes, window)
 
 
-def pass_order_differences(seed: int = 5) -> dict:
+def pass_order_differences(seed: int = 5, filters=tuple(FILTERS.values())) -> dict:
     """Pillow 13's pass order forced on, whatever Pillow is installed: a batch whose samples all
     resize vertically first, one all horizontally first, one with both; per batch, whether all
     and whether any go vertically first, and the values where the Triton passes (each with a
@@ -215,7 +234,7 @@ def pass_order_differences(seed: int = 5) -> dict:
     try:
         for name, rows_first in (("vertical first", [True] * 6), ("horizontal first", [False] * 6),
                                  ("both", [True, False] * 3)):
-            x, ins, _, kinds, _ = _batch(rng, 6, max_side=200)
+            x, ins, _, kinds, _ = _batch(rng, 6, max_side=200, filters=filters)
             outs = np.array([_shrinking(h, w) if first else _shrinking(w, h)[::-1]
                              for (h, w), first in zip(ins.tolist(), rows_first)])
             order = resample.vertical_first(ins, outs)
@@ -242,6 +261,7 @@ def _shrinking(h: int, w: int):
 PASS_ORDERS = {"vertical first": [True, True, 0], "horizontal first": [False, False, 0], "both": [False, True, 0]}
 
 
+I = T.InterpolationMode
 STAGE_CHAINS = {  # chains whose end the second pass does (flips, ToFloat, Normalize), and one it cannot
     "train": lambda: T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor(),
                                 T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]),
@@ -251,6 +271,11 @@ STAGE_CHAINS = {  # chains whose end the second pass does (flips, ToFloat, Norma
                                        v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True),
                                        v2.Normalize([0.4, 0.5, 0.6], [0.2, 0.3, 0.4])]),
     "own sizes, uint8": lambda: T.Compose([T.Resize(40), T.RandomHorizontalFlip(), T.PILToTensor()]),
+    "bicubic, two flips": lambda: T.Compose([T.RandomResizedCrop(56, interpolation=I.BICUBIC),
+                                             T.RandomHorizontalFlip(), T.RandomHorizontalFlip(),
+                                             T.RandomVerticalFlip(), T.ToTensor()]),
+    "lanczos (tables)": lambda: T.Compose([T.Resize(72, interpolation=I.LANCZOS), T.CenterCrop(64),
+                                           T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize([0.5], [0.25])]),
     "colour after": lambda: T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(),
                                        T.ColorJitter(0.4, 0.4), T.ToTensor()]),
 }
@@ -304,8 +329,23 @@ def test_triton_kernel_in_tritons_interpreter_equals_pillow():
     pass) against the stage as torch ops: every value equal, in Triton's interpreter."""
     assert in_tritons_interpreter(__file__) == {"samples": 24, "different_from_pillow": 0,
                                                 "windowed": {"samples": 24, "different_from_pillow": 0},
+                                                "computed": COMPUTED_CASES["interpreter"],
                                                 "stage": {name: 0 for name in STAGE_CHAINS},
-                                                "pass orders": PASS_ORDERS}
+                                                "pass orders": PASS_ORDERS, "pass orders, computed": PASS_ORDERS}
+
+
+def computed_differences(batches: int) -> dict:
+    """The kernel that computes its weights (every filter of the batch one of COMPUTED): whole
+    images, windows, and boxes (Pillow's ``box``) with windows, against Pillow."""
+    return {case: differences_from_pillow(_triton_resize, seed, batches, windowed=windowed, filters=COMPUTED,
+                                          boxed=boxed)
+            for case, seed, windowed, boxed in (("whole", 21, False, False), ("windowed", 22, True, False),
+                                                ("boxed, windowed", 23, True, True))}
+
+
+COMPUTED_CASES = {where: {case: {"samples": 6 * n, "different_from_pillow": 0}
+                          for case in ("whole", "windowed", "boxed, windowed")}
+                  for where, n in (("interpreter", 3), ("gpu", 30))}
 
 
 @pytest.mark.gpu
@@ -321,8 +361,10 @@ def test_triton_kernel_on_the_gpu_equals_pillow():
         assert fused_resize.GRAPHS.replays - replays >= 20, "the batches were not replayed from graphs"
         assert differences_from_pillow(_triton_resize, 3, 30, windowed=True) == {
             "samples": 180, "different_from_pillow": 0}
+        assert computed_differences(30) == COMPUTED_CASES["gpu"]
         assert stage_differences("cuda", n=64) == {name: 0 for name in STAGE_CHAINS}
         assert pass_order_differences() == PASS_ORDERS
+        assert pass_order_differences(filters=COMPUTED) == PASS_ORDERS
     finally:
         DEVICE = "cpu"
 
@@ -330,8 +372,8 @@ def test_triton_kernel_on_the_gpu_equals_pillow():
 @pytest.mark.gpu
 def test_graphs_shared_by_threads_stay_right(monkeypatch):
     """Three pipeline threads, each on its own stream, resizing batches of the same shapes at
-    once (so replaying the same graphs, their buffers refilled in turn): every batch equals the
-    same batch resized alone."""
+    once (so replaying the same graphs, their buffers refilled in turn; weights from tables and
+    computed): every batch equals the same batch resized alone."""
     import threading
 
     from dali_autoproxy.backends.torch_stage import _triton_resample, fused_resize
@@ -339,11 +381,11 @@ def test_graphs_shared_by_threads_stay_right(monkeypatch):
     graphs = LaunchGraphs("exact resize")
     monkeypatch.setattr(fused_resize, "GRAPHS", graphs)
     rng = np.random.default_rng(11)
-    batches = [_batch(rng, 6)[:4] for _ in range(6)]
+    batches = [_batch(rng, 6, filters=COMPUTED if k % 2 else tuple(FILTERS.values()))[:4] for k in range(6)]
 
     def resize(x, ins, outs, kinds):
         boxes = np.concatenate([0 * ins, ins], 1).astype(np.float64)
-        return fused_resize.two_passes(_triton_resample.resample_pass, x.to(torch.uint8).cuda(), ins, outs, kinds,
+        return fused_resize.two_passes(_triton_resample, x.to(torch.uint8).cuda(), ins, outs, kinds,
                                        boxes)
     want = [resize(*b).cpu() for b in batches]  # each shape's first batch: launched directly
     wrong, replays = [], graphs.replays
@@ -368,8 +410,6 @@ def photos_33(tmp_path_factory):
     make_photo_folder(root, per_class=11)
     return root
 
-
-I = T.InterpolationMode
 
 
 @pytest.mark.parametrize("name,chain", [
@@ -438,7 +478,9 @@ if __name__ == "__main__":  # the interpreter test's subprocess
     from dali_autoproxy.backends.torch_stage.kept_tables import KeptTables
     KeptTables.COMPUTED_ON = ("cuda", "cpu")  # new tables computed by the device's torch ops, as on the GPU
     from dali_autoproxy.backends.torch_stage import _triton_resample, resample
-    resample._triton_kernel = lambda x: _triton_resample.resample_pass  # the interpreted kernel on the CPU
+    resample._triton_kernel = lambda x: _triton_resample  # the interpreted kernels on the CPU
     print(json.dumps(dict(differences_from_pillow(_triton_resize, 1, 4),
                           windowed=differences_from_pillow(_triton_resize, 6, 4, windowed=True),
-                          stage=stage_differences("cpu", n=4), **{"pass orders": pass_order_differences()})))
+                          computed=computed_differences(3), stage=stage_differences("cpu", n=4),
+                          **{"pass orders": pass_order_differences(),
+                             "pass orders, computed": pass_order_differences(filters=COMPUTED)})))

@@ -2,19 +2,21 @@
 
 The stage runs on the pipeline's thread, in the main process, under the GIL that the training
 loop, the loader and the pin-memory thread share: every host microsecond it spends is taken
-from them (at 8 workers the main process is GIL-bound, and the resize's host time cost
+from them (at 8 workers the main process is GIL-bound, and the resize's host time costs
 throughput one for one). So a batch costs the host a fixed few steps, whatever its samples:
 
 - each sample's two passes in the order Pillow runs them for that image (``ORDERS_PASSES``),
   one launch per pass for the whole batch: the kernel reads per sample which axis it resamples;
 - the stage's run (``ResizeRun``: the resize, the crop after it, the tail) prepared once per
-  stage and position: a batch reads every column it needs with one index of its params rows
-  and builds both passes' rows with a few whole-array numpy calls, none per sample;
-- both passes' tables located together (``KeptTables.locate_whole``: a sorted search of codes)
-  and sent in one copy, with each sample's extents, pass axis and flips, and the tensors'
-  addresses and strides: the kernel reads everything that changes between batches from that
-  block, so the two launches are one replay of a CUDA graph for every batch of a shape after
-  its first (``launch_graphs``);
+  stage and position: a batch reads every column it needs with one index of its params rows;
+- for BILINEAR, BICUBIC and BOX (``computed``), those columns are all the kernel reads: it
+  derives each sample's extents, axes, window and flips from them and computes Pillow's
+  weights for each output pixel itself, so the host only sizes the outputs and sends the
+  columns; for the other filters (``passes``) both passes' rows are built by whole-array numpy
+  calls and their tables located (``KeptTables.locate_whole``: a sorted search of codes);
+- everything that changes between batches (those values, the tensors' addresses and strides)
+  goes in one block, one copy: the two launches are one replay of a CUDA graph for every batch
+  of a shape after its first (``launch_graphs``);
 - the pass between them in uint8 (Pillow rounds it to 8 bits anyway);
 - the flips, ToFloat and Normalize that follow (RandomHorizontalFlip, ToTensor, Normalize: the
   classification recipes' end) done by the second pass as it stores, in torch's float32 steps.
@@ -44,6 +46,13 @@ FIRST, WEIGHTS, TAPS, N_OUT, N_ACROSS, ALONG_WIDTH, N_IN, FLIP_X, FLIP_Y = range
 ROWS = 9
 BLOCK = 32
 NO_AFFINE, DIVIDE, MULTIPLY = 0, 1, 2
+# the params columns that _triton_resample.resample_computed reads per sample (float64), in this
+# order, after both passes' META values: then the window's (left, top, width, height) where the
+# resize has one, then the flips' coins (along the width, then the height)
+COMPUTED_COLUMNS = ("in_width", "in_height", "out_width", "out_height", "filter",
+                    "box_left", "box_top", "box_right", "box_bottom")
+IN_W, IN_H, OUT_W, OUT_H, FILTER = range(5)
+BOX, WINDOW = 5, 9
 
 
 @dataclass(frozen=True)
@@ -97,8 +106,8 @@ NO_TAIL = Tail()
 class ResizeRun:
     """The stage's run from a PillowResize at ops[k]: the resize, the Crop right after it as its
     window (CenterCrop after Resize: only the crop's pixels are resampled) and the ``Tail`` its
-    second pass does, prepared once for the stage (``Batch.prepared``), so that a batch costs a
-    fixed few numpy calls (``passes``)."""
+    second pass does, prepared once for the stage (``Batch.prepared``): a batch reads its
+    columns (``COMPUTED_COLUMNS``, the window's, the flips') with one index of its params rows."""
 
     def __init__(self, ops: Sequence[object], k: int, integer: bool) -> None:
         op: PillowResize = ops[k]
@@ -106,39 +115,99 @@ class ResizeRun:
         self.crop: Optional[Crop] = ops[j] if j < len(ops) and type(ops[j]) is Crop else None
         j += self.crop is not None
         self.tail, self.end = Tail.of(ops, j, integer)
-        cols = [op.col(n) for n in ("in_width", "in_height", "out_width", "out_height", "filter")]
+        cols = [op.col(n) for n in COMPUTED_COLUMNS]
         if self.crop is not None:
             cols += [self.crop.col(n) for n in ("left", "top", "width", "height")]
-        self.cols = np.array(cols)
-        self.box = np.array([op.col(n) for n in ("box_left", "box_top", "box_right", "box_bottom")])
+        self.cols = np.array(cols + list(self.tail.flip_x) + list(self.tail.flip_y))
         self._constants: Dict[torch.device, Tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def __call__(self, kernel, x: torch.Tensor, batch: Batch, out_dtype: torch.dtype
+    def __call__(self, kernels, x: torch.Tensor, batch: Batch, out_dtype: torch.dtype
                  ) -> Optional[Tuple[torch.Tensor, np.ndarray]]:
         """The batch resized (and windowed, and its tail done), and each sample's (height,
-        width); None where the window leaves a resized image (the crop pads: its own kernel's)."""
-        v = batch.host[:, self.cols].astype(np.int64)
-        if self.crop is not None:
-            if (v[:, 5:7] < 0).any() or (v[:, 5:7] + v[:, 7:9] > v[:, 2:4]).any():
-                return None
+        width); None where the window leaves a resized image (the crop pads: its own kernel's).
+        ``kernels``: the module of the Triton kernels."""
+        g = batch.host[:, self.cols]
+        hi, lo = g.max(0), g.min(0)
+        windowed = self.crop is not None
+        if windowed and (min(lo[WINDOW], lo[WINDOW + 1]) < 0
+                         or (g[:, WINDOW:WINDOW + 2] + g[:, WINDOW + 2:WINDOW + 4] > g[:, OUT_W:OUT_H + 1]).any()):
+            return None
         if x.device not in self._constants:
             self._constants[x.device] = _normalize_constants(self.tail, x.shape[1], x.device)
-        return passes(kernel, x, v, batch.host[:, self.box].astype(np.float32), self.tail, self.tail.flips(batch.host),
-                      out_dtype, self._constants[x.device])
+        constants = self._constants[x.device]
+        if _computable(kernels, lo, hi):
+            return computed(kernels.resample_computed, x, g, hi, lo, windowed, self.tail, out_dtype, constants)
+        v = g[:, list(range(BOX)) + list(range(WINDOW, WINDOW + 4 * windowed))].astype(np.int64)
+        return passes(kernels.resample_pass, x, v, g[:, BOX:BOX + 4].astype(np.float32), self.tail,
+                      self.tail.flips(batch.host), out_dtype, constants)
 
 
-def two_passes(kernel, x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
+def _computable(kernels, lo: np.ndarray, hi: np.ndarray) -> bool:
+    """Whether every sample's filter is one whose weights the kernel computes."""
+    return kernels.FIRST_COMPUTED <= lo[FILTER] and hi[FILTER] <= kernels.LAST_COMPUTED
+
+
+def two_passes(kernels, x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
                boxes: np.ndarray, window: Optional[np.ndarray] = None, out_dtype: torch.dtype = torch.float32
                ) -> torch.Tensor:
     """Pillow's resize of each sample of x [B, C, H, W] (uint8 as DALI made it, any strides, or
     float32 whole numbers): as ``resample.pillow_resize``, ``window`` (top, left, height, width)
     the part of each resized image computed. [B, C, max height, max width] of ``out_dtype``,
-    zero past each sample's size."""
-    v = [in_hw[:, ::-1], out_hw[:, ::-1], np.reshape(kinds, (-1, 1))]
+    zero past each sample's size. ``kernels``: the module of the Triton kernels."""
+    v = [in_hw[:, ::-1], out_hw[:, ::-1], np.reshape(kinds, (-1, 1)), boxes[:, [1, 0, 3, 2]]]
     v += [] if window is None else [window[:, [1, 0, 3, 2]]]
-    return passes(kernel, x, np.concatenate(v, 1).astype(np.int64), boxes[:, [1, 0, 3, 2]], NO_TAIL,
-                  np.zeros((2, x.shape[0]), dtype=np.int64), out_dtype,
-                  _normalize_constants(NO_TAIL, x.shape[1], x.device))[0]
+    g = np.concatenate(v, 1).astype(np.float64)
+    constants = _normalize_constants(NO_TAIL, x.shape[1], x.device)
+    hi, lo = g.max(0), g.min(0)
+    if _computable(kernels, lo, hi):
+        return computed(kernels.resample_computed, x, g, hi, lo, window is not None, NO_TAIL, out_dtype, constants)[0]
+    v = g[:, [k for k in range(g.shape[1]) if not BOX <= k < BOX + 4]].astype(np.int64)
+    return passes(kernels.resample_pass, x, v, g[:, BOX:BOX + 4], NO_TAIL,
+                  np.zeros((2, x.shape[0]), dtype=np.int64), out_dtype, constants)[0]
+
+
+def computed(kernel, x: torch.Tensor, g: np.ndarray, hi: np.ndarray, lo: np.ndarray, windowed: bool, tail: Tail,
+             out_dtype: torch.dtype, constants: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, np.ndarray]:
+    """The two passes of each sample, the kernel computing its weights (``resample_computed``),
+    and each sample's (height, width) computed. ``g``: [B, K], each sample's columns
+    (any numbers: params rows) in the kernel's order (``COMPUTED_COLUMNS``; the window's, where
+    ``windowed``; the tail's flips), ``hi`` and ``lo`` their maxima and minima. The host only sizes the outputs."""
+    b, c = x.shape[0], x.shape[1]
+    sw, sh = (WINDOW + 2, WINDOW + 3) if windowed else (OUT_W, OUT_H)
+    size_w, size_h, in_w, in_h = (int(hi[k]) for k in (sw, sh, IN_W, IN_H))
+    order = pw.vertical_first(g[:, [IN_H, IN_W]], g[:, [OUT_H, OUT_W]]) if pw.ORDERS_PASSES else None
+    if order is None or not order.any():  # each pass's (outputs, lines across them), and the middle's (h, w)
+        extents, middle_hw = ((size_w, in_h), (size_h, size_w)), (in_h, size_w)
+    elif order.all():
+        extents, middle_hw = ((size_h, in_w), (size_w, size_h)), (size_h, in_w)
+    else:
+        def most(first, second) -> int:
+            return int(np.where(order, g[:, first], g[:, second]).max())
+        extents = ((most(sh, sw), most(IN_W, IN_H)), (most(sw, sh), most(sh, sw)))
+        middle_hw = (most(sh, IN_H), most(IN_W, sw))
+    middle = torch.empty((b, c, *middle_hw), dtype=torch.uint8, device=x.device)
+    one_size = lo[sw] == size_w and lo[sh] == size_h  # else the padding is zeroed
+    out = (torch.empty if one_size else torch.zeros)((b, c, size_h, size_w), dtype=out_dtype, device=x.device)
+    block = np.empty(2 * META + g.size, dtype=np.int64)
+    block[:META] = (x.data_ptr(), middle.data_ptr(), 0, 0, *x.stride(), *middle.stride())
+    block[META:2 * META] = (middle.data_ptr(), out.data_ptr(), 0, 0, *middle.stride(), *out.stride())
+    block[2 * META:] = np.ascontiguousarray(g, dtype=np.float64).reshape(-1).view(np.int64)  # as the kernel reads them
+    mean_t, std_t = constants
+    floats = (_FLOATS[x.dtype], _FLOATS[out_dtype])
+    flips = (len(tail.flip_x), len(tail.flip_y))
+
+    def launches(on_device: torch.Tensor, grids) -> None:
+        for p in (0, 1):
+            last = p == 1
+            kernel[grids[p]](on_device, mean_t, std_t, c, b, tail.scale if last else 1.0, PASS=p, K=g.shape[1],
+                             WINDOWED=windowed, ORDERS=pw.ORDERS_PASSES, N_FLIP_X=flips[0], N_FLIP_Y=flips[1],
+                             SRC_FLOAT=floats[0] and not last, DST_FLOAT=floats[1] and last,
+                             AFFINE=tail.affine if last else NO_AFFINE, NORMALIZE=tail.mean is not None and last,
+                             META=META, BLOCK_O=BLOCK, BLOCK_A=BLOCK, num_warps=4, enable_fp_fusion=False)
+
+    _replayed_or_launched(launches, x, block, extents, ("computed", g.shape[1], windowed, pw.ORDERS_PASSES, flips,
+                                                       floats, tail, mean_t.data_ptr(), std_t.data_ptr()))
+    return out, g[:, [sh, sw]].astype(np.int64)
 
 
 _ACROSS = [1, 0, 3, 2, 4, 6, 5, 8, 7]  # the columns of ``passes``'s v for the other axis first
@@ -241,13 +310,22 @@ def _launch(kernel, x: torch.Tensor, block: np.ndarray, first_axes: Tuple[int, .
                              AFFINE=tail.affine if last else NO_AFFINE, NORMALIZE=tail.mean is not None and last,
                              META=META, BLOCK_O=BLOCK, BLOCK_A=BLOCK, num_warps=4, enable_fp_fusion=False)
 
-    blocks = [[-(-e // BLOCK) for e in pair] for pair in ((out1, across1), (out2, across2))]
-    spare = [tuple([b * c] + [-(-n // GRID_STEP) * GRID_STEP for n in pair]) for pair in blocks]  # a graph's grid
-    key = (dev.index, b, c, *spare, floats, tail.affine, tail.mean is not None, tail.scale,  # a graph is per device
-           mean_t.data_ptr(), std_t.data_ptr())
+    _replayed_or_launched(launches, x, block, ((out1, across1), (out2, across2)),
+                          ("tables", floats, tail, mean_t.data_ptr(), std_t.data_ptr()))
+    return out
+
+
+def _replayed_or_launched(launches, x: torch.Tensor, block: np.ndarray, extents, shape: tuple) -> None:
+    """``launches(block on the device, grids)`` of a batch, by a replay of the graph for its
+    launch shape (``shape``: what the launches take besides the block and the grids) where one
+    was captured (``launch_graphs``), else directly. ``extents``: each pass's (outputs, lines
+    across them) at most; a graph's grid has room up to the next multiple of GRID_STEP blocks."""
+    b, c, dev = x.shape[0], x.shape[1], x.device
+    blocks = [[-(-e // BLOCK) for e in pair] for pair in extents]
+    spare = [tuple([b * c] + [-(-n // GRID_STEP) * GRID_STEP for n in pair]) for pair in blocks]
+    key = (dev.index, b, c, *spare, *shape)  # a graph is per device
     if not GRAPHS.run(key, block, dev, lambda on_device: launches(on_device, spare)):
         launches(upload(block, dev), [(b * c, *pair) for pair in blocks])
-    return out
 
 
 GRID_STEP = 4  # a graph's grid has room for extents up to the next multiple of this many blocks

@@ -67,12 +67,13 @@ def _tables(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kind
 
 
 def _triton_kernel(x: torch.Tensor):
-    """The Triton resample kernel where the fused kernels run (CUDA, Triton, not switched off)."""
+    """The module of the Triton resample kernels where the fused kernels run (CUDA, Triton, not
+    switched off)."""
     from dali_autoproxy.backends.torch_stage import fused_color
     if not fused_color.usable(x):
         return None
     from dali_autoproxy.backends.torch_stage import _triton_resample
-    return _triton_resample.resample_pass
+    return _triton_resample
 
 
 def _triton_failed(e: Exception) -> None:
