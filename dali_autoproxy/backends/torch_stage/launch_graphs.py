@@ -5,9 +5,9 @@ a Triton launch costs that thread tens of microseconds of Python (binding and sp
 arguments) however small the batch. A kernel that reads everything that changes from batch to
 batch (tensor addresses, strides, per-sample rows) from one int64 block in device memory
 launches identically for every batch of one shape (grid, compile-time constants, scalars): so
-its launches are captured once as a CUDA graph and replayed, one call for the whole sequence.
-Per batch the host writes the block into the graph's own pinned buffer, queues its copy to
-the graph's device block, and replays.
+its launches are captured once as a CUDA graph, with the copy of the block before them, and
+replayed: one call for the whole sequence. Per batch the host writes the block into the graph's
+own pinned buffer and replays; the graph copies it to its device block and launches.
 
 Each shape keeps ``DEPTH`` graphs used in turn, each with its own buffers: a buffer is written
 again only once the replay that read it has run (its event), so the host never waits for the
@@ -34,17 +34,19 @@ class _Graph:
     """One captured sequence of launches and the buffers it reads."""
 
     def __init__(self, shape, device: torch.device, launches: Launches) -> None:
-        self.host = torch.empty(shape, dtype=torch.int64).pin_memory()
+        self.host = torch.zeros(shape, dtype=torch.int64).pin_memory()
         self.host_view = self.host.numpy()
         self.block = torch.zeros(shape, dtype=torch.int64, device=device)
         self.done = torch.cuda.Event()
+        self.device_index = device.index if device.index is not None else torch.cuda.current_device()
         self.graph = torch.cuda.CUDAGraph()
-        current = torch.cuda.current_stream(device)
+        current = torch.cuda.current_stream(self.device_index)
         side = torch.cuda.Stream(device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
             self.graph.capture_begin(capture_error_mode="thread_local")  # other threads launch freely
             try:
+                self.block.copy_(self.host, non_blocking=True)  # a node of the graph: pinned memory to the device
                 launches(self.block)
             finally:
                 self.graph.capture_end()
@@ -53,9 +55,8 @@ class _Graph:
     def replay(self, block: np.ndarray) -> None:
         self.done.synchronize()  # the replay that last read this graph's buffers has run
         self.host_view[...] = block
-        self.block.copy_(self.host, non_blocking=True)
         self.graph.replay()
-        self.done.record()
+        self.done.record(torch.cuda.current_stream(self.device_index))  # (by index: no device lookup)
 
 
 class LaunchGraphs:
