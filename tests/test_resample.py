@@ -330,6 +330,7 @@ def test_triton_kernel_in_tritons_interpreter_equals_pillow():
     assert in_tritons_interpreter(__file__) == {"samples": 24, "different_from_pillow": 0,
                                                 "windowed": {"samples": 24, "different_from_pillow": 0},
                                                 "computed": COMPUTED_CASES["interpreter"],
+                                                "boxed, windowed": {"samples": 12, "different_from_pillow": 0},
                                                 "stage": {name: 0 for name in STAGE_CHAINS},
                                                 "pass orders": PASS_ORDERS, "pass orders, computed": PASS_ORDERS}
 
@@ -362,6 +363,8 @@ def test_triton_kernel_on_the_gpu_equals_pillow():
         assert differences_from_pillow(_triton_resize, 3, 30, windowed=True) == {
             "samples": 180, "different_from_pillow": 0}
         assert computed_differences(30) == COMPUTED_CASES["gpu"]
+        assert differences_from_pillow(_triton_resize, 24, 20, windowed=True, boxed=True) == {
+            "samples": 120, "different_from_pillow": 0}  # every filter: most from the tables
         assert stage_differences("cuda", n=64) == {name: 0 for name in STAGE_CHAINS}
         assert pass_order_differences() == PASS_ORDERS
         assert pass_order_differences(filters=COMPUTED) == PASS_ORDERS
@@ -482,5 +485,7 @@ if __name__ == "__main__":  # the interpreter test's subprocess
     print(json.dumps(dict(differences_from_pillow(_triton_resize, 1, 4),
                           windowed=differences_from_pillow(_triton_resize, 6, 4, windowed=True),
                           computed=computed_differences(3), stage=stage_differences("cpu", n=4),
+                          **{"boxed, windowed": differences_from_pillow(_triton_resize, 24, 2, windowed=True,
+                                                                        boxed=True)},
                           **{"pass orders": pass_order_differences(),
                              "pass orders, computed": pass_order_differences(filters=COMPUTED)})))
