@@ -12,8 +12,10 @@ result (Pillow 13 swaps the two when the height shrinks far more than the width)
 Here the weights are Pillow's own (its ``precompute_coeffs`` and ``normalize_coeffs_8bpc`` in the
 C's operation order, one table per (input size, box, output size, filter): ``pillow_weights`` on
 the host, ``kept_tables`` on the GPU). Where Triton runs, the batch's two passes are two launches
-in int32 reading each sample's table from the kept buffers, the flips, ToFloat and Normalize after
-the resize done by the second (``fused_resize``, the stage's run from a PillowResize); elsewhere
+in int32 (``fused_resize``, the stage's run from a PillowResize), the kernel computing each output
+pixel's weights itself in the same float64 steps (BILINEAR, BICUBIC, BOX) or reading each sample's
+table from the kept buffers (the other filters), the flips, ToFloat and Normalize after the resize
+done by the second; elsewhere
 the tables are laid out per sample as a dense [output, input] matrix and each pass is one batched
 matrix product in float64: every product and partial sum is an integer below 2**53, so the products
 are exact whatever order the BLAS adds them in, and ``(s + 2**21) >> 22`` clipped to 0..255 is
