@@ -54,6 +54,18 @@ def gradient_root(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def _two_epochs_on_the_gpu(request):
+    """Every GPU test's loaders run two epochs (helpers.load_all): a training run is many epochs,
+    and state a forked worker inherits from the first shows only when the second forks."""
+    import helpers
+    before = helpers.EPOCHS
+    if "gpu" in request.keywords:
+        helpers.EPOCHS = max(before, 2)
+    yield
+    helpers.EPOCHS = before
+
+
+@pytest.fixture(autouse=True)
 def _disabled_after():
     yield
     import dali_autoproxy

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torchvision
@@ -9,10 +9,15 @@ from torch.utils.data import DataLoader
 
 import dali_autoproxy
 
+EPOCHS = 1  # epochs load_all runs unless told: 2 for every test marked gpu (conftest.py)
+
 
 def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, fidelity: str = "exact",
-             resize: str = "dali", **loader_kw) -> List[Tuple]:
-    """Iterate one epoch (plain or autoproxied) and return cloned batches."""
+             resize: str = "dali", epochs: Optional[int] = None, **loader_kw) -> List[Tuple]:
+    """Iterate ``epochs`` epochs (plain or autoproxied) over one DataLoader and return the last
+    epoch's batches, cloned. Each epoch starts its workers afresh unless the loader keeps them
+    (the DataLoader's defaults: forked, not persistent): a worker that inherits state from the
+    epoch before fails there."""
     loader_kw.setdefault("batch_size", 8)
     loader_kw.setdefault("num_workers", 2)
     if autoproxy:
@@ -22,6 +27,9 @@ def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, fi
     try:
         torch.manual_seed(seed)
         loader = DataLoader(dataset, **loader_kw)
+        for _ in range((epochs or EPOCHS) - 1):
+            for _batch in loader:
+                pass
         return [_clone(b) for b in loader]
     finally:
         dali_autoproxy.disable()

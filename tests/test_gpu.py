@@ -348,7 +348,7 @@ def test_staged_uploads_arrive_intact_while_the_gpu_is_busy():
     is reused only after the copy that read it has run)."""
     import numpy as np
 
-    from dali_autoproxy.backends.torch_stage.registry import _STAGING, upload
+    from dali_autoproxy.backends.torch_stage.registry import _THREAD, upload
     dev = torch.device("cuda")
     rng = np.random.default_rng(0)
     busy = torch.randn(4096, 4096, device=dev)
@@ -360,7 +360,7 @@ def test_staged_uploads_arrive_intact_while_the_gpu_is_busy():
         sent.append(values)
         arrived.append(upload(values, dev))
     assert all(np.array_equal(a.cpu().numpy(), s) for a, s in zip(arrived, sent))
-    assert _STAGING.at > 0
+    assert _THREAD.staging.at > 0
 
 
 def test_gpu_stage_on_its_own_stream_hands_over_whole_batches(photo_root):

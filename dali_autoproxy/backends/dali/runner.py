@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence, Union
 import torch
 from torch.cuda import nvtx
 
+from dali_autoproxy.backends import fork_guard
 from dali_autoproxy.backends.dali.lowering import Lowering, shared_graph
 from dali_autoproxy.backends.torch_stage import TorchStage
 from dali_autoproxy.backends.torch_stage.tensor_policies import release_grids
@@ -28,28 +29,7 @@ from dali_autoproxy.transport import ENCODED, SHARED, ProxyGroup, SharedGroup
 STALL_LIMIT_S = 600.0  # no output for this long (or the loader's timeout=) means DALI is stuck
 CLOSE_WAIT_S = 10.0  # a pipeline's thread gets this long to finish its batch when the pipeline goes
 
-_live_pipelines: "weakref.WeakSet" = weakref.WeakSet()
-_live_runners: "weakref.WeakSet" = weakref.WeakSet()
-_fork_guard: list = []
-
-
-def _guard_before_fork() -> None:
-    """Runs in the parent just before a fork (a DataLoader worker starting).
-
-    A forked worker inherits the parent's DALI pipelines, some perhaps unreachable garbage
-    awaiting the cycle collector (an exception's traceback can hold a whole loader). Were the
-    child's collector to free one, DALI would tear down threads that exist only in the parent
-    and the worker would hang or crash (seen: a segfault inside threading's after-fork hook,
-    before any child hook of ours could run). So the fork snapshots strong references to every
-    runner and pipeline: the child keeps them, untouched, until it exits."""
-    _fork_guard[:] = list(_live_runners) + list(_live_pipelines)
-
-
-def _release_guard_in_parent() -> None:
-    _fork_guard.clear()
-
-
-os.register_at_fork(before=_guard_before_fork, after_in_parent=_release_guard_in_parent)
+_live_pipelines: "weakref.WeakSet" = weakref.WeakSet()  # DALI's cached memory goes with the last
 
 
 class _Batch:
@@ -241,7 +221,7 @@ def _outputs(inputs: _Inputs, stream=None) -> List[Union[torch.Tensor, List[torc
 
 def _release_memory_if_idle() -> None:
     """DALI's cached memory (and the stage's grids) go once no pipeline of ours is left."""
-    if _live_pipelines or _fork_guard:
+    if _live_pipelines or fork_guard.holding():
         return
     try:
         from nvidia.dali.backend import ReleaseUnusedMemory
@@ -278,7 +258,7 @@ class DaliRunner:
         self._batches: "collections.deque" = collections.deque()  # submitted, not collected; oldest first
         self._thread: Optional[_PipelineThread] = None
         self._pipe: Optional["weakref.ref"] = None
-        _live_runners.add(self)
+        fork_guard.keep(self)  # a forked worker never tears down a pipeline it inherited
         self._build()
 
     def _build(self) -> None:
@@ -294,7 +274,7 @@ class DaliRunner:
         with pipe:
             pipe.set_outputs(*(shared_graph(self.lowerings) if views else [self.lowering.graph()]))
         pipe.build()
-        _live_pipelines.add(pipe)
+        _live_pipelines.add(fork_guard.keep(pipe))
         self._pipe = weakref.ref(pipe)  # the thread owns the pipeline (_Inputs); the runner only looks
         self._batches.clear()
         self._thread = _PipelineThread(_Inputs(pipe), [lw.feeds for lw in self.lowerings],

@@ -9,6 +9,7 @@ from typing import Callable, Deque, Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from dali_autoproxy.backends import fork_guard
 from dali_autoproxy.plan.ir import FastColorJitter, Resize
 from dali_autoproxy.plan.kernel_table import KernelTable
 
@@ -94,11 +95,14 @@ def upload(values, device: torch.device, dtype=None) -> torch.Tensor:
     t = torch.as_tensor(np.asarray(values), dtype=dtype)
     if device.type != "cuda":
         return t
-    return _STAGING.copy(t.contiguous(), device)
+    staging = getattr(_THREAD, "staging", None)
+    if staging is None:  # the thread-local only points at it: a forked worker must not free it
+        staging = _THREAD.staging = fork_guard.keep(_Staging())
+    return staging.copy(t.contiguous(), device)
 
 
-class _Staging(threading.local):
-    """A pinned ring per thread for small host-to-device copies: each copy's region is reused
+class _Staging:
+    """A thread's pinned ring for small host-to-device copies: each copy's region is reused
     only once the copy that read it has completed (its CUDA event)."""
 
     SIZE = 4 << 20
@@ -133,7 +137,7 @@ class _Staging(threading.local):
         return out
 
 
-_STAGING = _Staging()
+_THREAD = threading.local()  # .staging: the thread's _Staging
 
 
 def uniform(sizes: Optional[np.ndarray]) -> bool:
