@@ -172,13 +172,44 @@ class Slot:
         self.batch, self.row = batch, row
 
 
-class ProxyCollated:
-    """What a worker sends in place of the user's collated batch."""
+class TraceRef:
+    """A tensor of a recorded collate (``worker/collate_trace.py``): the ``index``-th tensor made by
+    step ``step``, or (step -1) the ``index``-th image."""
+    __slots__ = ("step", "index")
 
-    def __init__(self, samples: List[Any], batches: List[ProxyBatch], rng: tuple):
+    def __init__(self, step: int, index: int):
+        self.step, self.index = step, index
+
+
+class TraceStep:
+    """One recorded torch call: ``func(*args, **kwargs)`` with ``call`` = (args, kwargs), the
+    images' tensors as TraceRefs."""
+    __slots__ = ("func", "call")
+
+    def __init__(self, func: Any, call: tuple):
+        self.func, self.call = func, call
+
+
+class TracedCollate:
+    """A user's collate, run once in the worker: its torch calls on the images, in order, and its
+    result with those tensors as TraceRefs; ``inputs``: where each image comes back from."""
+
+    def __init__(self, steps: List[TraceStep], output: Any, inputs: Optional[List["Slot"]] = None):
+        self.steps, self.output, self.inputs = steps, output, inputs or []
+
+
+class ProxyCollated:
+    """What a worker sends in place of the user's collated batch: the collate's recorded run
+    (``traced``), or, for a collate that needs the images' values, the samples and the random
+    states to call it with in the main process."""
+
+    def __init__(self, samples: Optional[List[Any]], batches: List[ProxyBatch], rng: Optional[tuple],
+                 traced: Optional[TracedCollate] = None):
         self.samples = samples   # the dataset's samples, proxied images replaced by Slots, small tensors inline
         self.batches = batches   # one ProxyBatch per position holding proxied images
         self.rng = rng           # the worker's (torch, random, numpy) states before the collate
+        self.traced = traced
 
     def __repr__(self) -> str:
-        return f"ProxyCollated({len(self.samples)} samples, {self.batches!r})"
+        how = "traced" if self.traced is not None else f"{len(self.samples)} samples"
+        return f"ProxyCollated({how}, {self.batches!r})"

@@ -1,7 +1,10 @@
 """Custom collate functions keep their semantics: they run in the main process on DALI's
 tensors, under the worker's random states, after a shape-only run in the worker that keeps the
 worker's generators where plain torchvision would have them. Real workers, real DALI (CPU)."""
+import multiprocessing
+import os
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -153,3 +156,73 @@ def test_small_plain_tensors_of_a_sample_travel_inline_and_come_back_equal():
     for t in (boxes, torch.ones(2, requires_grad=True), torch.zeros(INLINE_BYTES // 4 + 1),
               torch.ones(2, dtype=torch.bfloat16)):
         assert not InlineTensor.fits(t)
+
+
+class CountingCollate:
+    """A collate with a side effect: a step counter shared by the workers (I-JEPA's mask
+    collator keeps one in a multiprocessing.Value and seeds its draws from it)."""
+
+    def __init__(self, then=default_collate):
+        self.calls = multiprocessing.Value("i", 0)
+        self.then = then
+
+    def __call__(self, batch):
+        with self.calls.get_lock():
+            self.calls.value += 1
+        return self.then(batch)
+
+
+@pytest.mark.parametrize("then", [default_collate, mixup_cutmix, detection_style, reads_pixels])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_users_collate_is_called_once_per_batch(photo_root, workers, then):
+    """Plain calls a collate once per batch, and so does autoproxy: one that batches the images,
+    mixes them (v2 MixUp/CutMix), hands them on per sample, or computes from them (means)."""
+    ds = image_folder(photo_root, TRAIN())
+    counts, runs = [], []
+    for autoproxy in (False, True):
+        collate = CountingCollate(then)
+        runs.append(_tensors(load_all(ds, autoproxy=autoproxy, seed=4, shuffle=True, num_workers=workers,
+                                      collate_fn=collate)))
+        counts.append(collate.calls.value)
+    _proxied()
+    batches = len(runs[0])
+    assert counts == [batches, batches], counts
+    if then is detection_style:
+        runs = [[(torch.stack(b[0]), torch.tensor(b[1])) for b in run] for run in runs]
+    for a, b in zip(*runs):
+        assert torch.equal(a[1], b[1])  # labels, soft labels: MixUp's and CutMix's draws
+        if then is reads_pixels:
+            assert torch.allclose(a[2], b[2], atol=0.02)  # the images' means, from DALI's images
+    compare([a[:2] for a in runs[0]], [b[:2] for b in runs[1]], mae_max=2.0 if then is mixup_cutmix else 0.5)
+
+
+@pytest.mark.skipif(not os.environ.get("IJEPA_DIR"), reason="needs a checkout of facebookresearch/ijepa in IJEPA_DIR")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ijepa_mask_collator_unchanged(photo_root, workers):
+    """I-JEPA's own MaskCollator (src/masks/multiblock.py, unchanged) seeds each batch's masks from
+    a step counter shared by the workers: called once per batch, as plain calls it, every mask
+    equals plain's (at 0 workers the order of the steps is fixed; with workers, the counter's
+    final value and the set of masks drawn)."""
+    sys.path.insert(0, os.environ["IJEPA_DIR"])
+    from src.masks.multiblock import MaskCollator
+    ds = image_folder(photo_root, T.Compose([T.RandomResizedCrop(224, scale=(0.3, 1.0)), T.RandomHorizontalFlip(),
+                                             T.ToTensor(), T.Normalize(MEAN, STD)]))
+    runs, steps = [], []
+    for autoproxy in (False, True):
+        collator = MaskCollator(input_size=(224, 224), patch_size=16, pred_mask_scale=(0.15, 0.2),
+                                enc_mask_scale=(0.85, 1.0), aspect_ratio=(0.75, 1.5), nenc=1, npred=4,
+                                allow_overlap=False, min_keep=10)
+        runs.append(load_all(ds, autoproxy=autoproxy, seed=6, shuffle=True, num_workers=workers,
+                             collate_fn=collator))
+        steps.append(collator._itr_counter.value)
+    _proxied()
+    assert steps[0] == steps[1] == len(runs[0]) - 1
+    masks = [[tuple(m for part in b[1:] for m in part) for b in run] for run in runs]
+    if workers == 0:
+        for (a, b) in zip(*runs):
+            assert torch.equal(a[0][1], b[0][1])  # labels
+            assert all(torch.equal(u, v) for u, v in zip(a[1] + a[2], b[1] + b[2]))  # every mask
+        compare([a[0] for a in runs[0]], [b[0] for b in runs[1]])
+    else:
+        key = sorted(tuple(m.flatten().tolist()) for ms in masks[0] for m in ms)
+        assert key == sorted(tuple(m.flatten().tolist()) for ms in masks[1] for m in ms)

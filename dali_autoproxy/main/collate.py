@@ -1,23 +1,29 @@
-"""The main-process half of a user's collate_fn: run on DALI's tensors, under the random
-states the worker recorded (``worker/collate.py`` says why), and the on-device equivalents of
-collates that only copy (timm's ``fast_collate``). Also: finding a batch's ProxyBatches and
-putting DALI's tensors back in their places.
+"""The main-process half of a user's collate_fn (``worker/collate.py`` says why): its recorded
+torch calls replayed on DALI's tensors, or, for a collate that needs the images' values, the
+collate itself on DALI's tensors under the random states the worker recorded (with on-device
+equivalents of collates that only copy: timm's ``fast_collate``). Also: finding a batch's
+ProxyBatches and putting DALI's tensors back in their places.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.data import default_collate
 
-from dali_autoproxy.transport import InlineTensor, ProxyBatch, ProxyCollated, Slot
-from dali_autoproxy.tree import flatten, map_leaves
+from dali_autoproxy.transport import InlineTensor, ProxyBatch, ProxyCollated, Slot, TracedCollate, TraceRef
+from dali_autoproxy.tree import flatten, map_leaves, unflatten
 from dali_autoproxy.worker.collate import rng_states, set_rng_states
 
 
 def finish(pc: ProxyCollated, outputs: List[List[torch.Tensor]], user_collate: Callable[[List[Any]], Any]) -> Any:
-    """In the main process: the samples with DALI's tensors in place, through the user's
-    collate under the worker's random states (the main process's own are kept)."""
+    """In the main process: the collated batch. A recorded collate is replayed on DALI's tensors;
+    otherwise the samples, DALI's tensors in place, go through the user's collate under the
+    worker's random states (the main process's own are kept)."""
+    if pc.traced is not None:
+        return replay(pc.traced, [outputs[slot.batch][slot.row] for slot in pc.traced.inputs])
+
     def put(_: Any, leaf: Any) -> Any:
         return outputs[leaf.batch][leaf.row] if type(leaf) is Slot else leaf.tensor()
     samples = [map_leaves(s, put, lambda x: isinstance(x, (Slot, InlineTensor))) for s in pc.samples]
@@ -27,6 +33,30 @@ def finish(pc: ProxyCollated, outputs: List[List[torch.Tensor]], user_collate: C
         return user_collate(samples)
     finally:
         set_rng_states(own)
+
+
+def replay(traced: TracedCollate, images: List[torch.Tensor]) -> Any:
+    """The recorded collate's result with ``images`` for its stand-ins: every recorded call run
+    in order (views and in-place writes alias as they did in the worker). A tensor made for
+    the meta device is made on the images' device; a host tensor the collate combined with the
+    images goes there too, as a number would."""
+    device = images[0].device if images else torch.device("cpu")
+    made: List[List[Any]] = []
+
+    def value(x: Any) -> Any:
+        if type(x) is TraceRef:
+            return images[x.index] if x.step < 0 else made[x.step][x.index]
+        if isinstance(x, torch.device) and x.type == "meta":
+            return device
+        if isinstance(x, torch.Tensor) and x.dim() and x.device != device:
+            return x.to(device)
+        return x
+    for step in traced.steps:
+        leaves, spec = tree_flatten(step.call)
+        args, kwargs = tree_unflatten([value(x) for x in leaves], spec)
+        made.append(flatten(step.func(*args, **kwargs))[0])
+    leaves, spec = flatten(traced.output)
+    return unflatten(spec, [value(x) if type(x) is TraceRef else x for x in leaves])
 
 
 def find_proxy_batches(batch: Any) -> List[ProxyBatch]:

@@ -1,25 +1,25 @@
-"""Collating in a proxied loader's workers: proxied samples packed for DALI, a user's collate
-deferred to the main process with its random states (its main-process half: ``main/collate.py``).
+"""Collating in a proxied loader's workers: proxied samples packed for DALI, and a user's
+collate_fn called once per batch, here, as plain calls it (its main-process half:
+``main/collate.py``).
 
-A user's ``collate_fn`` (MixUp/CutMix on the collated batch, timm's ``fast_collate``, a
-detection-style ``tuple(zip(*batch))``, one that drops samples) needs real images, which only
-exist in the main process once DALI has run. So in a proxied loader's workers the collate_fn
-is :class:`CollateInMain`:
+A user's ``collate_fn`` (MixUp/CutMix on the collated batch, I-JEPA's mask collator, timm's
+``fast_collate``, a detection-style ``tuple(zip(*batch))``, one that drops samples) is the
+user's code: its side effects and random draws happen once per batch, in the worker, where plain
+has them. Its images only exist in the main process once DALI has run, so in a proxied
+loader's workers the collate_fn is :class:`CollateInMain`:
 
-1. it records the worker's random states (torch, Python, numpy) as they stand before the
-   collate would run;
-2. it runs the user's collate once on stand-ins: each proxied image replaced by a tensor of
-   its final shape and dtype on torch's ``meta`` device (no memory, no compute), so the
-   worker's generators advance exactly as they would have, and the next batches draw what
-   plain torchvision draws;
-3. it sends the samples, their proxied images packed per position into ProxyBatches (as
-   default_collate would pack them), and the recorded states.
+1. it packs the proxied images per position into ProxyBatches (as default_collate would);
+2. it calls the user's collate once, each proxied image replaced by a tensor of its final shape
+   and dtype on torch's ``meta`` device, recording the torch calls made on them
+   (``collate_trace.py``): its own values (labels, masks, drawn numbers) are real;
+3. it sends the result with the recording; the main process replays the recording on DALI's
+   tensors.
 
-The main process runs DALI, puts each sample's tensor back in its place, and calls the user's
-collate on those samples under the recorded states: the same draws on the same images.
-A collate that cannot take meta tensors (it reads pixel values) still gets its real call in
-the main process; only its random draws, if it makes any, may then differ from plain's for
-the batches after (logged once per worker).
+A collate that needs the images' values cannot be recorded: the worker then sends the samples
+and its random states as they stood before the collate, and the main process calls it on
+DALI's tensors under those states (the same draws on the same images); the worker's own
+generators are then where the failed attempt left them, and the attempt's side effects before
+it failed happen again in the main process (logged once per loader).
 """
 from __future__ import annotations
 
@@ -36,17 +36,12 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 from dali_autoproxy.config import logger
 from dali_autoproxy.transport import ENCODED, InlineTensor, ProxyBatch, ProxyCollated, ProxyGroup, ProxySample, Slot
 from dali_autoproxy.tree import Path, flatten, map_leaves, unflatten
+from dali_autoproxy.worker.collate_trace import NotTraceable, trace_collate
 from dali_autoproxy.worker.routing import local
 
 
 def _is_proxy(x: Any) -> bool:
     return isinstance(x, ProxySample)
-
-
-def _standin(path: Path, s: ProxySample) -> torch.Tensor:
-    if s.done is not None:
-        return s.done
-    return torch.empty(s.shape, dtype=s.dtype, device="meta")
 
 
 def rng_states() -> tuple:
@@ -72,33 +67,54 @@ class CollateInMain:
         rng = rng_states()
         positions: Dict[Path, List[ProxySample]] = {}
         order: List[Path] = []
+        slot_of: Dict[int, Slot] = {}  # id(ProxySample): where its image comes back
+
+        def slot(path: Path, s: ProxySample) -> Slot:
+            if id(s) not in slot_of:
+                if path not in positions:
+                    positions[path] = []
+                    order.append(path)
+                positions[path].append(s)
+                slot_of[id(s)] = Slot(order.index(path), len(positions[path]) - 1)
+            return slot_of[id(s)]
+
+        inputs: List[torch.Tensor] = []
+        slots: List[Slot] = []
+
+        def standin(path: Path, s: ProxySample) -> torch.Tensor:
+            if s.done is not None:
+                return s.done  # finished in the worker: the real tensor
+            slots.append(slot(path, s))
+            inputs.append(torch.empty(s.shape, dtype=s.dtype, device="meta"))
+            return inputs[-1]
+        with_standins = [map_leaves(sample, standin, _is_proxy) for sample in samples]
+        if not positions:  # nothing proxied in this batch: the user's collate, as plain
+            return _done(self.user_collate(with_standins))
+        with packing_once():
+            batches = [collate_proxy_samples(positions[p]) for p in order]
+        try:
+            _, traced = trace_collate(self.user_collate, with_standins, inputs)
+        except NotTraceable as exc:  # it needs the values: the real call in the main process
+            self._say_once(exc)
+        else:
+            traced.inputs = slots
+            return _done(ProxyCollated(None, batches, None, traced))
 
         def collect(path: Path, s: Any) -> Any:
             if not isinstance(s, ProxySample):  # a small tensor of the sample: inline (transport.InlineTensor)
                 return InlineTensor(s)
-            if s.done is not None:
-                return s.done  # finished in the worker: the real tensor
-            if path not in positions:
-                positions[path] = []
-                order.append(path)
-            positions[path].append(s)
-            return Slot(order.index(path), len(positions[path]) - 1)
+            return s.done if s.done is not None else slot(path, s)
         skeleton = [map_leaves(sample, collect, lambda x: _is_proxy(x) or InlineTensor.fits(x)) for sample in samples]
-        if not positions:  # nothing proxied in this batch: the user's collate, as plain
-            return _done(self.user_collate([map_leaves(sample, _standin, _is_proxy) for sample in samples]))
-        try:
-            self.user_collate([map_leaves(sample, _standin, _is_proxy) for sample in samples])
-        except Exception as exc:  # it reads pixel values: the real call in the main process stays
-            info = get_worker_info()
-            if not self._warned and (info is None or info.id == 0):  # once per loader, not per worker
-                self._warned = True
-                logger.info("dali_autoproxy: collate_fn %s cannot run on shape-only stand-ins (%s: %s); it "
-                            "runs in the main process, and if it draws random numbers after that point the "
-                            "next batches' draws may differ from plain torchvision's",
-                            getattr(self.user_collate, "__name__", self.user_collate), type(exc).__name__, exc)
-        with packing_once():
-            batches = [collate_proxy_samples(positions[p]) for p in order]
         return _done(ProxyCollated(skeleton, batches, rng))
+
+    def _say_once(self, exc: Exception) -> None:
+        info = get_worker_info()
+        if not self._warned and (info is None or info.id == 0):  # once per loader, not per worker
+            self._warned = True
+            logger.info("dali_autoproxy: collate_fn %s needs the images' values (%s); it runs in the main "
+                        "process on DALI's tensors, under the worker's random states, and what it did "
+                        "before that point in the worker happens again there",
+                        getattr(self.user_collate, "__name__", self.user_collate), exc)
 
 
 def mixed_to_samples(data: List[Any]) -> List[Any]:
