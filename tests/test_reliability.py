@@ -140,6 +140,7 @@ def test_dali_failure_gives_pil_pixels_and_the_loader_goes_on(photo_root, monkey
     """A batch DALI cannot process arrives anyway, decoded by PIL and transformed by
     torchvision's functional ops with the params the worker drew (fault injected into DALI's
     output of one batch); later batches and epochs run on a rebuilt pipeline."""
+    from dali_autoproxy.backends.dali import PipelineError
     from dali_autoproxy.backends.dali import runner as pipeline
     real_collect = pipeline.DaliRunner.collect
     calls = {"n": 0}
@@ -147,8 +148,8 @@ def test_dali_failure_gives_pil_pixels_and_the_loader_goes_on(photo_root, monkey
     def failing_collect(self, *args):
         calls["n"] += 1
         if calls["n"] == 3:
-            self.pending -= 1
-            raise RuntimeError("injected DALI failure")
+            self._batches.popleft()
+            raise PipelineError("injected DALI failure")
         return real_collect(self, *args)
     monkeypatch.setattr(pipeline.DaliRunner, "collect", failing_collect)
     ds = image_folder(photo_root, TRAIN())
@@ -570,3 +571,98 @@ def test_disable_closes_idle_pipelines_explicitly(photo_root):
         dali_autoproxy.disable()
     assert all(r.pipe is None for r in runners) and not state.idle_runners
     runners[0].close()  # again: nothing to do
+
+
+def test_a_killed_worker_raises_plains_error_every_time_and_leaves_nothing_running(photo_root):
+    """A worker SIGKILLed (the OOM killer) at 40 points of a long epoch: each time the
+    DataLoader's RuntimeError reaches the loop within seconds (never taken for a DALI failure,
+    never an EOFError or ConnectionResetError from the dead worker's queue), and once the loop
+    lets go no worker is left, with the garbage collector disabled."""
+    script = textwrap.dedent(f"""
+        import gc, os, sys, time, torch
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import dali_autoproxy
+        from test_reliability import Faulty
+        dali_autoproxy.enable(device="cpu", log_level="ERROR")
+        gc.disable()
+
+        class Long(Faulty):
+            def __len__(self):
+                return 8 * len(self.inner)
+
+            def __getitem__(self, i):
+                if i == self.at:
+                    os.kill(os.getpid(), 9)
+                return super().__getitem__(i % len(self.inner))
+
+        def children():
+            return [t for t in os.listdir("/proc") if t.isdigit()
+                    and open(f"/proc/{{t}}/stat").read().split()[3] == str(os.getpid())]
+        for k in range(40):
+            t0 = time.time()
+            loader = torch.utils.data.DataLoader(Long({photo_root!r}, "kill", at=30 + 4 * k), batch_size=8,
+                                                 num_workers=2, timeout=10)
+            try:
+                for _ in loader:
+                    pass
+                outcome = "none"
+            except RuntimeError as exc:
+                outcome = "plain" if "DataLoader worker" in str(exc) else "other"
+            except Exception as exc:
+                outcome = type(exc).__name__
+            seconds = time.time() - t0
+            del loader
+            for _ in range(30):
+                if not children():
+                    break
+                time.sleep(0.1)
+            print("RUN", outcome, round(seconds, 1), len(children()), flush=True)
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    runs = [ln.split()[1:] for ln in res.stdout.splitlines() if ln.startswith("RUN")]
+    assert len(runs) == 40, res.stdout[-2000:] + res.stderr[-2000:]
+    assert [r[0] for r in runs] == ["plain"] * 40, runs
+    assert all(float(r[1]) < 15 for r in runs) and [r[2] for r in runs] == ["0"] * 40, runs
+
+
+def test_after_a_dali_failure_a_break_leaves_no_worker_without_the_garbage_collector(photo_root):
+    """A batch the pipeline failed on (replayed by PIL), then ``break``: the iterator and its
+    workers go when the loop lets go, as plain's do, with the garbage collector disabled (a
+    kept exception's frames would hold the iterator in a cycle)."""
+    script = textwrap.dedent(f"""
+        import gc, os, sys, time, torch
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import dali_autoproxy
+        from dali_autoproxy.backends.dali import runner as pipeline
+        from test_reliability import EVAL
+        real_outputs = pipeline._outputs
+        calls = {{"n": 0}}
+
+        def failing_outputs(inputs, stream=None):
+            calls["n"] += 1
+            outs = real_outputs(inputs, stream)
+            if calls["n"] == 2:
+                raise RuntimeError("injected DALI failure")
+            return outs
+        pipeline._outputs = failing_outputs
+        dali_autoproxy.enable(device="cpu", log_level="ERROR")
+        gc.disable()
+
+        def children():
+            return [t for t in os.listdir("/proc") if t.isdigit()
+                    and open(f"/proc/{{t}}/stat").read().split()[3] == str(os.getpid())]
+        folder = __import__("torchvision").datasets.ImageFolder({photo_root!r}, EVAL())
+        ds = torch.utils.data.ConcatDataset([folder] * 8)  # longer than the look-ahead: workers still busy
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2)
+        for k, _ in enumerate(loader):
+            if k == 3:
+                break
+        print("REPLAYED", dali_autoproxy.report()[-1]["cpu_path_samples"], flush=True)
+        for _ in range(50):
+            if not children():
+                break
+            time.sleep(0.1)
+        print("LEFT", len(children()), flush=True)
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "REPLAYED 4" in res.stdout and "LEFT 0" in res.stdout, res.stdout + res.stderr[-3000:]

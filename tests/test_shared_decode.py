@@ -110,6 +110,7 @@ def test_views_through_a_users_collate(photo_root):
 def test_a_failed_shared_batch_gets_pils_pixels_and_the_loader_goes_on(photo_root, monkeypatch):
     """DALI failing on one batch of a shared pipeline: every view of its images replayed by PIL
     and torchvision with the worker's draws; the next batches run on the rebuilt pipeline."""
+    from dali_autoproxy.backends.dali import PipelineError
     from dali_autoproxy.backends.dali import runner as pipeline
     real_collect = pipeline.DaliRunner.collect
     calls = {"n": 0}
@@ -119,7 +120,7 @@ def test_a_failed_shared_batch_gets_pils_pixels_and_the_loader_goes_on(photo_roo
             calls["n"] += 1
             if calls["n"] == 2:
                 self._batches.popleft()
-                raise RuntimeError("injected DALI failure")
+                raise PipelineError("injected DALI failure")
         return real_collect(self, *args)
     monkeypatch.setattr(pipeline.DaliRunner, "collect", failing_collect)
     ds = image_folder(photo_root, MultiView(_views()))

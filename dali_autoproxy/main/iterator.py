@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 import wrapt
 
+from dali_autoproxy.backends.dali import PipelineError
 from dali_autoproxy.config import Options, logger
 from dali_autoproxy.main.collate import find_proxy_batches, finish, on_device, put_back
 from dali_autoproxy.main.cpu_fallback import replay_group
@@ -104,17 +105,15 @@ def _without_frames(exc: BaseException) -> BaseException:
     and the DataLoader's workers, alive after a ``break`` until the next garbage collection.
     What the user reads stays: a worker's error carries the worker's traceback in its message,
     as the DataLoader raises it."""
-    seen = set()
-    e: "BaseException | None" = exc
-    while e is not None and id(e) not in seen:
+    seen, todo = set(), [exc]
+    while todo:  # every exception chained to it, through its cause and its context alike
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
         seen.add(id(e))
         e.__traceback__ = None
-        e = e.__cause__ or e.__context__
+        todo += [e.__cause__, e.__context__]
     return exc
-
-
-class _NoPipeline(Exception):
-    """A unit whose pipeline could not be built (its reason, as text)."""
 
 
 class _InFlight:
@@ -216,12 +215,25 @@ class ProxiedIterator(wrapt.ObjectProxy):
             raise StopIteration
         entry = inflight.popleft()
         if entry.error is None:
-            return self._self_finish(entry)
+            try:
+                return self._self_finish(entry)
+            except BaseException:
+                self._self_end_if_a_worker_died()
+                raise
         error, entry = entry.error, None
         try:
             raise error
         finally:  # no reference cycle frame -> error -> traceback -> frame: this iterator, and the
             error = None  # DataLoader's with its workers, are freed as soon as the loop lets go
+
+    def _self_end_if_a_worker_died(self) -> None:
+        """A worker died (killed, out of memory): the DataLoader reports it from its SIGCHLD
+        handler wherever the main thread is, and the iterator cannot go on. Its other workers
+        are shut down now, not when the iterator is freed: the error's frames, kept by the loop
+        or by the exceptions chained to it, would otherwise keep them running."""
+        workers = getattr(self.__wrapped__, "_workers", None)
+        if workers and not all(w.is_alive() for w in workers):
+            self.__wrapped__._shutdown_workers()
 
     def _self_fetch(self) -> Any:
         if self._self_main_dataset is None:
@@ -239,6 +251,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         except StopIteration:
             return None
         except Exception as exc:  # raised in its place in the batch order, as the DataLoader does
+            self._self_end_if_a_worker_died()
             return _InFlight(error=_without_frames(exc))
         index = self._self_count
         self._self_count += 1
@@ -262,14 +275,16 @@ class ProxiedIterator(wrapt.ObjectProxy):
             for ui, unit in enumerate(entry.units):
                 key = (unit.key, unit.kind)
                 runner = self._self_runners.get(key)
-                try:
-                    if runner is None:
-                        raise _NoPipeline(self._self_broken[key])
-                    out = runner.collect(self._self_timeout)
-                except Exception as exc:
-                    if runner is not None:
+                why = None
+                if runner is None:
+                    why = self._self_broken[key]
+                else:
+                    try:
+                        out = runner.collect(self._self_timeout)
+                    except PipelineError as exc:  # only the pipeline's own: the loader's errors propagate
+                        why = str(exc)  # as text: a kept exception's frames would hold this iterator
                         self._self_recover(entry, ui)
-                    why = exc.args[0] if type(exc) is _NoPipeline else exc
+                if why is not None:
                     out = [self._self_on_cpu(g, entry.index, why) for g in unit.members]
                     out = out if unit.kind == SHARED else out[0]
                 outputs.update(zip(map(id, unit.members), out if unit.kind == SHARED else [out]))

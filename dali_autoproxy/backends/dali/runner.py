@@ -19,6 +19,7 @@ import torch
 from torch.cuda import nvtx
 
 from dali_autoproxy.backends import fork_guard
+from dali_autoproxy.backends.dali import PipelineError
 from dali_autoproxy.backends.dali.lowering import Lowering, shared_graph
 from dali_autoproxy.backends.torch_stage import TorchStage
 from dali_autoproxy.backends.torch_stage.tensor_policies import release_grids
@@ -61,7 +62,7 @@ class _Batch:
             raise TimeoutError
         value, self.value = self.value, None
         if not self.ok:
-            raise value
+            raise PipelineError(f"{type(value).__name__}: {value}") from value
         if self.ready is not None:
             consumer = torch.cuda.current_stream(self.stream.device)
             consumer.wait_event(self.ready)
@@ -331,8 +332,8 @@ class DaliRunner:
     def collect(self, timeout: Optional[float] = None) -> Union[torch.Tensor, List[torch.Tensor]]:
         """The oldest submitted batch: one batched tensor, or a list when shapes differ.
 
-        A pipeline with no output for ``timeout`` seconds ends in a RuntimeError (then
-        rebuild()) instead of a hang."""
+        A pipeline that fails on the batch, or gives no output for ``timeout`` seconds, raises
+        PipelineError (then rebuild()) instead of hanging."""
         batch = self._batches.popleft()
         if not batch.requested:
             self._request(batch)
@@ -341,14 +342,14 @@ class DaliRunner:
             return batch.result(limit)
         except TimeoutError:
             self._stop_thread()  # stuck in DALI: it is left there
-            raise RuntimeError(f"DALI produced no output within {limit:g} s; the pipeline is "
-                               "considered stuck") from None
+            raise PipelineError(f"DALI produced no output within {limit:g} s; the pipeline is "
+                                "considered stuck") from None
 
     def drain(self) -> None:
         """Discard outputs of batches nobody will take (after a break out of an epoch)."""
         while self._batches:
             try:
                 self.collect()
-            except Exception:
+            except PipelineError:
                 self.rebuild()
                 return
