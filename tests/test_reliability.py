@@ -84,7 +84,17 @@ def _sof_height(height):
     i = raw.find(b"\xff\xc0")
     raw[i + 5:i + 7] = height.to_bytes(2, "big")
     return bytes(raw)
+def _random_bytes_over_compressed_data():
+    """2,000 bytes in the middle of a JPEG's compressed data overwritten with random bytes
+    (seeded): Pillow refuses it ("broken data stream"); DALI's decoders would decode it."""
+    raw = bytearray(_jpeg_bytes(quality=90))
+    mid = len(raw) // 2 - 1000
+    raw[mid:mid + 2000] = np.random.default_rng(3).integers(0, 256, 2000, dtype=np.uint8).tobytes()
+    return bytes(raw)
+
+
 BAD_FILES = {
+    "random_bytes_over_compressed_data": _random_bytes_over_compressed_data,
     "truncated_jpeg": lambda: _jpeg_bytes(quality=90)[:9000],
     "truncated_with_thumbnail": lambda: jpeg_with_thumbnail(truncate=True),  # ends with the thumbnail's EOI
     "zero_bytes": lambda: b"",

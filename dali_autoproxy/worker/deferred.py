@@ -20,6 +20,7 @@ did, where it always did, so errors arise where the user's code expects them.
 from __future__ import annotations
 
 import io
+import re
 from typing import Any, Optional, Tuple
 
 from PIL import Image, JpegImagePlugin
@@ -80,15 +81,48 @@ def is_complete(data: bytes, scan_start: int) -> bool:
     return data.rfind(b"\xff\xd9") >= scan_start
 
 
+# the first marker in entropy-coded data: FF then anything but a stuffed 00 or a fill FF (and,
+# where restart markers are on, anything but RST0-7)
+_MARKER = re.compile(rb"\xff[^\x00\xff]")
+_MARKER_WITH_RESTARTS = re.compile(rb"\xff[^\x00\xff\xd0-\xd7]")
+_BETWEEN_SCANS = {0xC4, 0xCC, 0xDA, 0xDB, 0xDC, 0xDD, 0xFE} | set(range(0xE0, 0xF0))  # tables, SOS, DRI, APPn, COM
+
+
+def scans_well_formed(data: bytes, scan_start: int) -> bool:
+    """Whether the entropy-coded data from the first scan on holds no marker that cannot be
+    there: each scan's data ends at a table, another scan's header or the end of the image, and
+    restart markers appear only where a restart interval is set. Random bytes written over a
+    JPEG's compressed data (a corrupt file) break this in all but a few cases; such a file is
+    not deferred, so Pillow decodes it where the user's code asks and raises what plain raises
+    (DALI's decoders decode it with a warning). One regular-expression search per scan, about
+    1 us per KB."""
+    restarts = b"\xff\xdd" in data[:scan_start]
+    pos, n = scan_start, len(data)
+    while True:
+        found = (_MARKER_WITH_RESTARTS if restarts else _MARKER).search(data, pos)
+        if found is None:
+            return False
+        at, marker = found.start(), data[found.start() + 1]
+        if marker == 0xD9:  # the end of the image
+            return True
+        if marker not in _BETWEEN_SCANS or at + 4 > n:
+            return False
+        length = (data[at + 2] << 8) | data[at + 3]
+        if length < 2 or at + 2 + length > n:
+            return False
+        restarts = restarts or marker == 0xDD
+        pos = at + 2 + length  # after a scan's header: its data; after a table: the next marker
+
+
 def dali_decodable(data: bytes) -> Optional[Tuple[str, int, int]]:
     """(mode, width, height) when DALI decodes these bytes exactly as Pillow's
     ``Image.open(...).convert("RGB")`` would, else None: an ordinary, complete JPEG of
-    non-zero size, RGB or L."""
+    non-zero size, RGB or L, whose compressed data is well formed."""
     header = plain_jpeg_header(data)
     if header is None:
         return None
     mode, width, height, scan = header
-    if width <= 0 or height <= 0 or not is_complete(data, scan):
+    if width <= 0 or height <= 0 or not is_complete(data, scan) or not scans_well_formed(data, scan):
         return None
     return mode, width, height
 
