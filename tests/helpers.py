@@ -30,6 +30,9 @@ def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, fi
         for _ in range((epochs or EPOCHS) - 1):
             for _batch in loader:
                 pass
+            if autoproxy and dali_autoproxy.report():
+                rep = dali_autoproxy.report()[-1]
+                _LAST_EPOCH_FROM[rep["loader"]] = rep
         return [_clone(b) for b in loader]
     finally:
         dali_autoproxy.disable()
@@ -47,8 +50,22 @@ def image_folder(root, transform):
     return torchvision.datasets.ImageFolder(root, transform=transform)
 
 
+_LAST_EPOCH_FROM: dict = {}  # a loader's report row (by its number) as load_all's last epoch began
+_COUNTS = ("batches", "samples", "decoded_on_dali", "dali_decodes", "cpu_path_samples")
+
+
 def last_report() -> dict:
-    return dali_autoproxy.report()[-1]
+    """The last loader's report row; for a loader load_all ran several epochs, its counts are
+    the last epoch's (the report itself counts every epoch)."""
+    rep = dali_autoproxy.report()[-1]
+    start = _LAST_EPOCH_FROM.get(rep["loader"])
+    if start is not None:
+        for key in _COUNTS:
+            rep[key] -= start[key]
+        rep["decoded_in_worker"] = {why: n - start["decoded_in_worker"].get(why, 0)
+                                    for why, n in rep["decoded_in_worker"].items()
+                                    if n - start["decoded_in_worker"].get(why, 0)}
+    return rep
 
 
 @contextlib.contextmanager

@@ -378,19 +378,22 @@ def test_gpu_stage_on_its_own_stream_hands_over_whole_batches(photo_root):
     assert runner.STAGE_ON_OWN_STREAM
     ds = image_folder(photo_root, T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor(),
                                              T.Normalize([0.5] * 3, [0.25] * 3)]))
-    quiet = load_all(ds, autoproxy=True, device="gpu", resize="pillow", seed=3, shuffle=True, batch_size=4)
+    quiet = load_all(ds, autoproxy=True, device="gpu", resize="pillow", seed=3, shuffle=True, batch_size=4,
+                     epochs=2)
     assert last_report()["proxied"]
     dali_autoproxy.enable(device="gpu", resize="pillow", log_level="WARNING")
     try:
         torch.manual_seed(3)
         loop = torch.cuda.Stream()
-        out = []
+        loader = DataLoader(ds, batch_size=4, num_workers=2, shuffle=True)
         with torch.cuda.stream(loop):
-            for k, (x, y) in enumerate(DataLoader(ds, batch_size=4, num_workers=2, shuffle=True)):
-                if k % 2:
-                    torch.cuda._sleep(50_000_000)  # tens of ms of queued work before the read
-                out.append((x * 1, y))
-                del x
+            for epoch in range(2):  # the second epoch's batches against load_all's
+                out = []
+                for k, (x, y) in enumerate(loader):
+                    if k % 2:
+                        torch.cuda._sleep(50_000_000)  # tens of ms of queued work before the read
+                    out.append((x * 1, y))
+                    del x
             loop.synchronize()
     finally:
         dali_autoproxy.disable()
