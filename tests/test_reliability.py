@@ -605,9 +605,15 @@ def test_a_killed_worker_raises_plains_error_every_time_and_leaves_nothing_runni
                     os.kill(os.getpid(), 9)
                 return super().__getitem__(i % len(self.inner))
 
+        def parent(pid):
+            try:
+                with open(f"/proc/{{pid}}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[1]
+            except OSError:  # it ended between the listing and the read
+                return None
+
         def children():
-            return [t for t in os.listdir("/proc") if t.isdigit()
-                    and open(f"/proc/{{t}}/stat").read().split()[3] == str(os.getpid())]
+            return [t for t in os.listdir("/proc") if t.isdigit() and parent(t) == str(os.getpid())]
         for k in range(40):
             t0 = time.time()
             loader = torch.utils.data.DataLoader(Long({photo_root!r}, "kill", at=30 + 4 * k), batch_size=8,
@@ -658,9 +664,15 @@ def test_after_a_dali_failure_a_break_leaves_no_worker_without_the_garbage_colle
         dali_autoproxy.enable(device="cpu", log_level="ERROR")
         gc.disable()
 
+        def parent(pid):
+            try:
+                with open(f"/proc/{{pid}}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[1]
+            except OSError:  # it ended between the listing and the read
+                return None
+
         def children():
-            return [t for t in os.listdir("/proc") if t.isdigit()
-                    and open(f"/proc/{{t}}/stat").read().split()[3] == str(os.getpid())]
+            return [t for t in os.listdir("/proc") if t.isdigit() and parent(t) == str(os.getpid())]
         folder = __import__("torchvision").datasets.ImageFolder({photo_root!r}, EVAL())
         ds = torch.utils.data.ConcatDataset([folder] * 8)  # longer than the look-ahead: workers still busy
         loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2)
