@@ -583,6 +583,17 @@ def test_disable_closes_idle_pipelines_explicitly(photo_root):
     runners[0].close()  # again: nothing to do
 
 
+def children() -> list:
+    """This process's child processes (a /proc entry that ends while being read is none)."""
+    def parent(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            return None
+    return [t for t in os.listdir("/proc") if t.isdigit() and parent(t) == str(os.getpid())]
+
+
 def test_a_killed_worker_raises_plains_error_every_time_and_leaves_nothing_running(photo_root):
     """A worker SIGKILLed (the OOM killer) at 40 points of a long epoch: each time the
     DataLoader's RuntimeError reaches the loop within seconds (never taken for a DALI failure,
@@ -592,7 +603,7 @@ def test_a_killed_worker_raises_plains_error_every_time_and_leaves_nothing_runni
         import gc, os, sys, time, torch
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         import dali_autoproxy
-        from test_reliability import Faulty
+        from test_reliability import Faulty, children
         dali_autoproxy.enable(device="cpu", log_level="ERROR")
         gc.disable()
 
@@ -605,15 +616,6 @@ def test_a_killed_worker_raises_plains_error_every_time_and_leaves_nothing_runni
                     os.kill(os.getpid(), 9)
                 return super().__getitem__(i % len(self.inner))
 
-        def parent(pid):
-            try:
-                with open(f"/proc/{{pid}}/stat") as f:
-                    return f.read().rsplit(")", 1)[1].split()[1]
-            except OSError:  # it ended between the listing and the read
-                return None
-
-        def children():
-            return [t for t in os.listdir("/proc") if t.isdigit() and parent(t) == str(os.getpid())]
         for k in range(40):
             t0 = time.time()
             loader = torch.utils.data.DataLoader(Long({photo_root!r}, "kill", at=30 + 4 * k), batch_size=8,
@@ -650,7 +652,7 @@ def test_after_a_dali_failure_a_break_leaves_no_worker_without_the_garbage_colle
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         import dali_autoproxy
         from dali_autoproxy.backends.dali import runner as pipeline
-        from test_reliability import EVAL
+        from test_reliability import EVAL, children
         real_outputs = pipeline._outputs
         calls = {{"n": 0}}
 
@@ -664,15 +666,6 @@ def test_after_a_dali_failure_a_break_leaves_no_worker_without_the_garbage_colle
         dali_autoproxy.enable(device="cpu", log_level="ERROR")
         gc.disable()
 
-        def parent(pid):
-            try:
-                with open(f"/proc/{{pid}}/stat") as f:
-                    return f.read().rsplit(")", 1)[1].split()[1]
-            except OSError:  # it ended between the listing and the read
-                return None
-
-        def children():
-            return [t for t in os.listdir("/proc") if t.isdigit() and parent(t) == str(os.getpid())]
         folder = __import__("torchvision").datasets.ImageFolder({photo_root!r}, EVAL())
         ds = torch.utils.data.ConcatDataset([folder] * 8)  # longer than the look-ahead: workers still busy
         loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2)

@@ -12,6 +12,7 @@ loader's DALI runners, and hands each batch over once its tensors are back, in o
 from __future__ import annotations
 
 import collections
+import time
 import weakref
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -226,14 +227,23 @@ class ProxiedIterator(wrapt.ObjectProxy):
         finally:  # no reference cycle frame -> error -> traceback -> frame: this iterator, and the
             error = None  # DataLoader's with its workers, are freed as soon as the loop lets go
 
-    def _self_end_if_a_worker_died(self) -> None:
+    def _self_end_if_a_worker_died(self, wait: float = 0.0) -> List[int]:
         """A worker died (killed, out of memory): the DataLoader reports it from its SIGCHLD
         handler wherever the main thread is, and the iterator cannot go on. Its other workers
         are shut down now, not when the iterator is freed: the error's frames, kept by the loop
-        or by the exceptions chained to it, would otherwise keep them running."""
-        workers = getattr(self.__wrapped__, "_workers", None)
-        if workers and not all(w.is_alive() for w in workers):
+        or by the exceptions chained to it, would otherwise keep them running. ``wait``: up to
+        that long for a death to show (its queue can close before the process is reaped).
+        Returns the dead workers' pids."""
+        workers = getattr(self.__wrapped__, "_workers", None) or []
+        deadline = time.monotonic() + wait
+        while True:
+            dead = [w.pid for w in workers if not w.is_alive()]
+            if dead or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        if dead:
             self.__wrapped__._shutdown_workers()
+        return dead
 
     def _self_fetch(self) -> Any:
         if self._self_main_dataset is None:
@@ -251,7 +261,11 @@ class ProxiedIterator(wrapt.ObjectProxy):
         except StopIteration:
             return None
         except Exception as exc:  # raised in its place in the batch order, as the DataLoader does
-            self._self_end_if_a_worker_died()
+            dead = self._self_end_if_a_worker_died(wait=1.0 if isinstance(exc, (ConnectionError, EOFError)) else 0.0)
+            if dead and isinstance(exc, (ConnectionError, EOFError)):  # the dead worker's queue, read first
+                error = RuntimeError(f"DataLoader worker (pid(s) {', '.join(map(str, dead))}) exited unexpectedly")
+                error.__cause__ = exc
+                return _InFlight(error=_without_frames(error))
             return _InFlight(error=_without_frames(exc))
         index = self._self_count
         self._self_count += 1
