@@ -188,6 +188,31 @@ def test_gpu_catalogue_against_torchvision(photo_root, case, api):
         check(case, m)
 
 
+@pytest.mark.parametrize("api", ["v1", "v2"])
+def test_torchvisions_tensor_jitter_on_cuda_divides_as_on_the_cpu(api):
+    """torchvision's tensor ColorJitter kernels, called on CUDA tensors inside ``cpu_division``,
+    equal the same calls on the CPU bit for bit (without it, CUDA's ``x / number`` and ``mean``
+    move a truncation by a level, and hue turns it into several)."""
+    import numpy as np
+    from skimage import data
+
+    from dali_autoproxy.backends.torch_stage.host_division import cpu_division
+    from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_jitter_kernels
+    kernels = tensor_jitter_kernels(api)
+    photos = [getattr(data, n)()[:200, :200] for n in ("astronaut", "chelsea", "coffee", "rocket")]
+    x = torch.from_numpy(np.stack(photos)).permute(0, 3, 1, 2).contiguous()
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        host, dev = x, x.cuda()
+        for which in rng.permutation(4):
+            f = (rng.uniform(-0.1, 0.1, 4) if which == 3 else rng.uniform(0.6, 1.4, 4)).astype(np.float64)
+            run = kernels[which]
+            host = torch.cat([run(host[i:i + 1], torch.tensor(f[i]).view(1, 1, 1, 1)) for i in range(4)])
+            with cpu_division(dev):
+                dev = run(dev, torch.tensor(f).cuda().view(-1, 1, 1, 1))
+        assert torch.equal(dev.cpu(), host)
+
+
 @pytest.mark.parametrize("chain", ["heavy", "trivialaugment"])
 def test_torch_stage_queues_its_work_without_waiting_for_the_gpu(chain):
     """The torch stage runs on the main thread between DALI batches: a synchronising copy in it

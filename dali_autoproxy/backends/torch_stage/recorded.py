@@ -13,6 +13,7 @@ from PIL import ImageFilter
 
 from dali_autoproxy.backends.torch_stage.color import autocontrast, blend, blend_step, equalize, luma, shift_hue
 from dali_autoproxy.backends.torch_stage.filters import gaussian_blur, pillow_kernel, smooth
+from dali_autoproxy.backends.torch_stage.host_division import cpu_division
 from dali_autoproxy.backends.torch_stage.pillow_filters import pillow_blur
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, uniform, update_rows, upload
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_jitter_kernels
@@ -100,7 +101,8 @@ def _by_api(x: torch.Tensor, api, run: Callable[..., torch.Tensor]) -> torch.Ten
         rows = np.flatnonzero(np.asarray(api) == v2)
         if len(rows):
             index = upload(rows, x.device)
-            out[index] = run(x.index_select(0, index), rows, index, tensor_jitter_kernels("v2" if v2 else "v1"))
+            with cpu_division(x):
+                out[index] = run(x.index_select(0, index), rows, index, tensor_jitter_kernels("v2" if v2 else "v1"))
     return out
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from dali_autoproxy.backends.torch_stage import fused_color
+from dali_autoproxy.backends.torch_stage.host_division import cpu_division
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
 from dali_autoproxy.plan.ir import TensorColorJitter, jitter_order
 from dali_autoproxy.plan.tv_internals import tensor_jitter_module
@@ -98,4 +99,5 @@ def _tensor_color_jitter(x: torch.Tensor, op: TensorColorJitter, batch: Batch) -
                                                  batch.host[:, op.span("brightness", "hue")])
         if out is not None:  # one Triton kernel per batch, the same values
             return out
-    return tensor_color_jitter(x, op, batch.host, batch.integer)
+    with cpu_division(x):
+        return tensor_color_jitter(x, op, batch.host, batch.integer)

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from dali_autoproxy.backends.torch_stage.host_division import cpu_division
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_jitter_kernels
 from dali_autoproxy.plan.ir import AUGMENT_OPS, GEOMETRIC_OPS, TensorAugment
@@ -141,4 +142,5 @@ def tensor_augment(x: torch.Tensor, op: TensorAugment, host, integer: bool) -> t
 
 @kernel(TensorAugment)
 def _tensor_augment(x: torch.Tensor, op: TensorAugment, batch: Batch) -> torch.Tensor:
-    return tensor_augment(x, op, batch.host, batch.integer)
+    with cpu_division(x):
+        return tensor_augment(x, op, batch.host, batch.integer)
