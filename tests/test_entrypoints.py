@@ -76,11 +76,13 @@ def test_startup_hook_is_installed_and_free_when_off():
     assert res.stdout.split() == ["False", "True"]  # enabled, still without importing torch
 
 
-def test_bad_env_value_never_breaks_startup(script, photo_root):
-    res, out = _run([sys.executable, script, photo_root, "0"], {"DALI_AUTOPROXY": "maybe"})
-    assert res.returncode == 0 and out["n"] == 24 and out["proxied"] is None
-    assert "DALI_AUTOPROXY='maybe'" in res.stderr
-    res, out = _run([sys.executable, script, photo_root, "0"],
-                    {"DALI_AUTOPROXY": "1", "DALI_AUTOPROXY_DEVICE": "tpu"})
-    assert res.returncode == 0 and out["n"] == 24 and out["proxied"] is None
-    assert "DALI_AUTOPROXY_DEVICE='tpu'" in res.stderr
+def test_bad_env_value_stops_the_program_before_it_runs(script, photo_root):
+    """A bad value is not missed: the script never runs (exit status 2, the value named), as
+    enable() raises ValueError; the variable unset runs plain."""
+    for env, named in (({"DALI_AUTOPROXY": "maybe"}, "DALI_AUTOPROXY='maybe'"),
+                       ({"DALI_AUTOPROXY": "1", "DALI_AUTOPROXY_DEVICE": "banana"}, "DALI_AUTOPROXY_DEVICE='banana'"),
+                       ({"DALI_AUTOPROXY": "1", "DALI_AUTOPROXY_RESIZE": "foo"}, "DALI_AUTOPROXY_RESIZE='foo'")):
+        res = subprocess.run([sys.executable, script, photo_root, "0"], capture_output=True, text=True,
+                             env={**os.environ, **env}, timeout=300)
+        assert res.returncode == 2 and res.stdout == "", (env, res.stdout, res.stderr)
+        assert named in res.stderr and "accepted values" in res.stderr and "not started" in res.stderr
