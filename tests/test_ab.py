@@ -53,8 +53,8 @@ def test_ab_on_an_unchanged_script(tmp_path, photo_root):
     assert "script finished" not in out  # ended at the limit, cleanly
     assert "batches counted" in out and "samples counted" in out
     assert "stopped at the limit" in out  # the "ended" row, per arm
-    # no B/A on DALI's CPU backend, so no warning about too few batches for one
-    assert "warning: DataLoader #1: only" not in out
+    # few batches are said even on DALI's CPU backend, where no B/A is shown
+    assert "warning: DataLoader #1: only" in out
     # DALI's CPU backend shows the path, not the speed: no B/A that looks like a speed-up
     assert "arm B ran on DALI's CPU backend" in out
     rate_rows = [line for line in out.splitlines() if line.startswith("samples/s")]
@@ -171,3 +171,31 @@ def test_the_few_batches_warning_says_what_helps():
     assert "1.00x" in stopped  # a GPU arm shows its ratio
     ended = format_table(runs("finished"))
     assert "the script ended on its own" in ended and "--batches 300" not in ended
+
+
+def _one_loader_runs(status_a, status_b, counted, device="gpu", made=25):
+    loader = {"loader": 1, "dataset": "ImageFolder", "proxied": True, "device": device, "batches": made,
+              "counted_batches": counted, "samples": 2560, "samples_per_s": 1000.0}
+    return {"A": [{"status": status_a, "loaders": [dict(loader, proxied=False, device="torchvision")],
+                   "cpu_s_per_1k_samples": 2.0}],
+            "B": [{"status": status_b, "loaders": [loader], "cpu_s_per_1k_samples": 1.0}]}
+
+
+def test_nothing_measured_is_blamed_on_what_ended_the_arm():
+    """A failed arm and a --batches cap inside the warm-up each get their own reason, not the
+    advice to let the script run longer."""
+    from dali_autoproxy.tools.ab import format_table
+    failed = format_table(_one_loader_runs("failed", "finished", 0, made=3))
+    assert "an arm that failed" in failed and "run longer" not in failed
+    capped = format_table(_one_loader_runs("stopped at the limit", "stopped at the limit", 0, made=3))
+    assert "--batches counts the warm-up" in capped and "run longer" not in capped
+    ended = format_table(_one_loader_runs("finished", "finished", 0, made=3))
+    assert "ended inside the warm-up" in ended and "--warmup 0" in ended
+
+
+def test_few_batches_warn_on_the_cpu_backend_too_and_no_ratio_is_shown_there():
+    from dali_autoproxy.tools.ab import format_table
+    text = format_table(_one_loader_runs("finished", "finished", 9, device="cpu"))
+    assert "only 9 batches counted" in text
+    assert "1.00x" not in text and "0.50x" not in text, text  # neither the loader's nor the process's B/A
+    assert "0.50x" in format_table(_one_loader_runs("finished", "finished", 60))  # shown for a GPU arm

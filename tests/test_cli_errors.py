@@ -84,8 +84,18 @@ def test_ab_numbers_out_of_range_are_refused_before_any_arm(argv, expected, tmp_
 def test_ab_without_a_script_says_a_script_is_needed():
     res = _cli(sys.executable, "-m", "dali_autoproxy.tools.cli", "ab", "--batches", "3")
     assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert res.stderr.strip().splitlines() == [
-        "dali-autoproxy: error: a script to run is needed: dali-autoproxy ab [options] train.py [its arguments]"]
+    assert "error: the following arguments are required: script" in res.stderr.strip().splitlines()[-1]
+
+
+def test_help_says_what_each_argument_does():
+    """The script is required (not ``[script]``), the defaults are shown, --batches says it counts
+    the warm-up, and ``run`` describes its arguments."""
+    ab = _cli(sys.executable, "-m", "dali_autoproxy.tools.cli", "ab", "--help").stdout
+    assert "script ..." in ab and "[script]" not in ab
+    flat = " ".join(ab.split())
+    assert "(default: 5)" in flat and "the warm-up included" in flat and "(default: 1)" in flat
+    run = " ".join(_cli(sys.executable, "-m", "dali_autoproxy.tools.cli", "run", "--help").stdout.split())
+    assert "run as __main__ with autoproxy enabled" in run and "the script's own arguments" in run
 
 
 def test_a_bad_triton_switch_is_an_error_naming_the_variable(tmp_path):

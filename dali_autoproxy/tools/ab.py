@@ -194,11 +194,18 @@ def format_table(runs: Dict[str, List[Dict]], warm: int = 5, longer: str = LONGE
         counted = [v or 0 for v in col("A", "counted_batches") + col("B", "counted_batches")]
         made = [v or 0 for v in col("A", "batches") + col("B", "batches")]
         stopped = all(r.get("status") == "stopped at the limit" for arm in runs.values() for r in arm)
-        if made and min(counted) == 0:
+        failed = any(r.get("status") == "failed" for arm in runs.values() for r in arm)
+        if made and min(counted) == 0 and failed:
+            warnings.append(f"DataLoader #{i + 1}: nothing was measured in an arm that failed (its error is above)")
+        elif made and min(counted) == 0 and stopped:
+            warnings.append(f"DataLoader #{i + 1}: the limit ended each arm inside the warm-up (it made "
+                            f"{min(made)} batch(es) in an arm; --batches counts the warm-up, the first {warm} "
+                            f"of each loader are not counted): nothing was measured; {LONGER_AB}")
+        elif made and min(counted) == 0:
             warnings.append(f"DataLoader #{i + 1}: the loader's epochs ended inside the warm-up (it made "
                             f"{min(made)} batch(es) in an arm, the first {warm} are not counted): nothing was "
                             f"measured; {longer}, or {no_warmup} to count every batch")
-        elif min(counted or [0]) < MIN_STABLE_BATCHES and not on_cpu_backend:  # no ratio shown there
+        elif min(counted or [0]) < MIN_STABLE_BATCHES:
             advice = LONGER_AB if stopped else f"the script ended on its own: {longer}"
             warnings.append(f"DataLoader #{i + 1}: only {min(counted or [0])} batches counted in an arm; a ratio "
                             f"from so few is noisy ({advice})")
@@ -209,10 +216,12 @@ def format_table(runs: Dict[str, List[Dict]], warm: int = 5, longer: str = LONGE
             warnings.append(f"DataLoader #{i + 1}: B/A varied from {min(ratios):.2f}x to {max(ratios):.2f}x over the "
                             "repeats; the machine is noisy (more --repeat, or a quieter machine)")
     rows = [("whole process", "A: torchvision", "B: autoproxy", "B/A")]
+    b_loaders = [x for r in runs["B"] for x in r.get("loaders", [])]
+    any_cpu_backend = any(x.get("device") == "cpu" and x.get("proxied") for x in b_loaders)
     for key, label, fmt in ARM_METRICS:
         a, b = [r.get(key) for r in runs["A"]], [r.get(key) for r in runs["B"]]
         ma, mb = _median(a), _median(b)
-        rows.append((label, _agg(a, fmt), _agg(b, fmt), f"{mb / ma:.2f}x" if ma and mb else ""))
+        rows.append((label, _agg(a, fmt), _agg(b, fmt), f"{mb / ma:.2f}x" if ma and mb and not any_cpu_backend else ""))
     rows.append(("ended", " / ".join(r.get("status", "?") for r in runs["A"]) or "-",
                  " / ".join(r.get("status", "?") for r in runs["B"]) or "-", ""))
     lines.append("")
@@ -281,16 +290,16 @@ def _number(kind: type, least, what: str) -> Callable[[str], Any]:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--batches", type=_number(int, 1, "a whole number of at least 1"),
-                    help="stop each arm after this many batches (all loaders)")
+                    help="stop each arm after this many batches of all its loaders, the warm-up included")
     ap.add_argument("--seconds", type=_number(float, 0, "a number of seconds above 0"),
                     help="stop each arm after this much loader time")
     ap.add_argument("--repeat", type=_number(int, 1, "a whole number of at least 1"), default=1,
-                    help="alternate A and B this many times")
+                    help="alternate A and B this many times (default: %(default)s)")
     ap.add_argument("--warmup", type=_number(int, 0, "a whole number of at least 0"), default=5,
-                    help="batches per loader not counted")
+                    help="batches of each loader not counted (default: %(default)s)")
     ap.add_argument("--json", help="keep the measurements of both arms in this file")
     ap.add_argument("--plot", help="write a PNG (throughput over time, summary bars); needs matplotlib")
-    ap.add_argument("script", nargs="?", help="the training script to compare (then its own arguments)")
+    ap.add_argument("script", help="the training script to compare (then its own arguments)")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
 
 

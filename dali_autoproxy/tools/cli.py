@@ -58,8 +58,8 @@ def _main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(prog="dali-autoproxy", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a training script with autoproxy enabled")
-    run.add_argument("script")
-    run.add_argument("args", nargs=argparse.REMAINDER)
+    run.add_argument("script", help="the training script, run as __main__ with autoproxy enabled")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     from dali_autoproxy.tools import ab, demo
     ab.add_arguments(sub.add_parser("ab", help="compare a script plain (A) and with autoproxy (B)"))
     demo.add_arguments(sub.add_parser("demo", help="A/B on a generated ImageNet-like dataset"))
