@@ -9,20 +9,20 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from dali_autoproxy.config import configure_logging, resolve_options
+from dali_autoproxy.config import StrictModeError, configure_logging, resolve_options
 from dali_autoproxy.main.hooks import instrumentor
 from dali_autoproxy.main.report import format_report, print_report, report
 
 __version__ = "0.1.0"
 __all__ = ["enable", "disable", "register_equivalent", "register_op", "is_enabled", "report", "print_report",
-           "format_report"]
+           "format_report", "StrictModeError"]
 
 
 def enable(*, device: Optional[str] = None, output: Optional[str] = None,
            log_level: Optional[str] = None, fidelity: Optional[str] = None,
            lookahead: Optional[int] = None, hw_decoder_load: Optional[float] = None,
            resize: Optional[str] = None, record: Optional[str] = None,
-           shared_decode: Optional[str] = None) -> None:
+           shared_decode: Optional[str] = None, strict: Optional[bool] = None) -> None:
     """Patch torch's DataLoader so recognised torchvision transforms run in DALI.
 
     device: "auto" (GPU when CUDA and DALI are usable, else plain torchvision), "gpu", or
@@ -38,13 +38,16 @@ def enable(*, device: Optional[str] = None, output: Optional[str] = None,
     transform without a translation is called with a recording image and its Pillow calls run on
     DALI's side, see docs/how-it-works.md) or "off" (it runs in the worker). shared_decode: "on"
     (default: the views of one image, as multi-view recipes make them, decode it once) or "off"
-    (each view decodes its own region). Each falls back to DALI_AUTOPROXY_DEVICE / _OUTPUT / _LOG /
-    _FIDELITY / _LOOKAHEAD / _HW_DECODER_LOAD / _RESIZE / _RECORD / _SHARED_DECODE.
+    (each view decodes its own region). strict: True raises StrictModeError, naming the step and
+    the reason, wherever the data would not run on DALI (a loader that falls back, a step or a
+    decode left in the worker, a chain call not taken over, a batch DALI failed on): for a CI
+    that must know its pipeline runs on DALI. Each falls back to DALI_AUTOPROXY_DEVICE / _OUTPUT /
+    _LOG / _FIDELITY / _LOOKAHEAD / _HW_DECODER_LOAD / _RESIZE / _RECORD / _SHARED_DECODE / _STRICT.
     Calling it again only updates the options.
     """
     options = resolve_options(device, output, log_level, fidelity, lookahead=lookahead,
                               hw_decoder_load=hw_decoder_load, resize=resize, record=record,
-                              shared_decode=shared_decode)
+                              shared_decode=shared_decode, strict=strict)
     configure_logging(options.log_level)
     if options.device != "cpu":  # before torchvision loads its older copy (see nvjpeg.py)
         from dali_autoproxy.backends.dali.nvjpeg import preload

@@ -32,6 +32,7 @@ ENV_HW_DECODER_LOAD = "DALI_AUTOPROXY_HW_DECODER_LOAD"
 ENV_RESIZE = "DALI_AUTOPROXY_RESIZE"
 ENV_RECORD = "DALI_AUTOPROXY_RECORD"
 ENV_SHARED_DECODE = "DALI_AUTOPROXY_SHARED_DECODE"
+ENV_STRICT = "DALI_AUTOPROXY_STRICT"
 ENV_TRITON = "DALI_AUTOPROXY_TRITON"
 TRITON_VALUES = ("1", "0")
 
@@ -61,6 +62,14 @@ class Options:
     # decoded once, each view cropped from that decode in one pipeline; "off": each view decodes
     # its own region of the JPEG (fewer pixels per decode, as many decodes as views).
     shared_decode: str = "on"
+    # "on": whatever would not run on DALI (a loader falling back, a step or a decode left in the
+    # worker, a chain call not taken over, a batch DALI failed on) raises StrictModeError naming
+    # it, for a CI that must know the pipeline runs on DALI; "off": it runs as torchvision's code.
+    strict: str = "off"
+
+
+class StrictModeError(RuntimeError):
+    """Raised with ``strict="on"`` where a loader, step or decode would not run on DALI."""
 
 
 def _pick_number(name: str, value, env_name: str, environ: Mapping[str, str], default, parse, valid, accepted: str):
@@ -117,7 +126,8 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
                     log_level: Optional[str] = None, fidelity: Optional[str] = None,
                     environ: Optional[Mapping[str, str]] = None, lookahead: Optional[int] = None,
                     hw_decoder_load: Optional[float] = None, resize: Optional[str] = None,
-                    record: Optional[str] = None, shared_decode: Optional[str] = None) -> Options:
+                    record: Optional[str] = None, shared_decode: Optional[str] = None,
+                    strict: Optional[str] = None) -> Options:
     """Merge keyword arguments over environment variables and validate both."""
     env = os.environ if environ is None else environ
     triton_allowed(env)  # read where the kernels load (backends/torch_stage/fused_color.py); checked here too
@@ -133,7 +143,27 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
         record=_pick("record", record, ENV_RECORD, RECORDS, env, Options.record),
         shared_decode=_pick("shared_decode", shared_decode, ENV_SHARED_DECODE, SHARED_DECODES, env,
                             Options.shared_decode),
+        strict=_pick_switch("strict", strict, ENV_STRICT, env, Options.strict),
     )
+
+
+def _pick_switch(name: str, value, env_name: str, environ: Mapping[str, str], default: str) -> str:
+    """An on/off option: a bool or on/off/1/0/true/false/yes/no -> "on" or "off"."""
+    source = f"{name}="
+    if value is None:
+        raw = environ.get(env_name)
+        if raw is None or raw.strip() == "":
+            return default
+        value, source = raw, f"{env_name}="
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    norm = value.strip().lower() if isinstance(value, str) else None
+    if norm in ENABLE_VALUES_ON:
+        return "on"
+    if norm and norm in ENABLE_VALUES_OFF:
+        return "off"
+    raise ValueError(f"dali_autoproxy: invalid value {source}{value!r}; accepted values: True, False, "
+                     f"{', '.join(ENABLE_VALUES_ON)} (on) or 0, false, no, off (off)")
 
 
 def triton_allowed(environ: Optional[Mapping[str, str]] = None) -> bool:

@@ -80,7 +80,7 @@ def compare(ref, out, normalized=True, mae_max=MAE_MAX, psnr_min=PSNR_MIN):
 def test_eval_pipeline_matches_torchvision(photo_root, name):
     ds = image_folder(photo_root, EVAL[name]())
     ref = load_all(ds, autoproxy=False)
-    out = load_all(ds, autoproxy=True)
+    out = load_all(ds, autoproxy=True, strict=True)
     rep = last_report()
     assert rep["proxied"] and rep["decode_on_dali"], rep
     compare(ref, out)
@@ -90,7 +90,7 @@ def test_eval_pipeline_matches_torchvision(photo_root, name):
 def test_interpolations_and_sizes_match_torchvision(photo_root, name):
     ds = image_folder(photo_root, VARIANTS[name]())
     ref = load_all(ds, autoproxy=False, shuffle=True, seed=4)
-    out = load_all(ds, autoproxy=True, shuffle=True, seed=4)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=4, strict=True)
     assert last_report()["proxied"]
     compare(ref, out, normalized=False)
 
@@ -99,7 +99,7 @@ def test_interpolations_and_sizes_match_torchvision(photo_root, name):
 def test_train_pipeline_same_seed_same_crops(photo_root, name):
     ds = image_folder(photo_root, TRAIN[name]())
     ref = load_all(ds, autoproxy=False, shuffle=True, seed=3)
-    out = load_all(ds, autoproxy=True, shuffle=True, seed=3)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=3, strict=True)
     assert last_report()["proxied"]
     compare(ref, out)
 
@@ -107,7 +107,7 @@ def test_train_pipeline_same_seed_same_crops(photo_root, name):
 def test_every_image_keeps_its_label_under_shuffle(photo_root):
     """The class is written in the pixels (a tint per class): read it back after DALI."""
     ds = image_folder(photo_root, TRAIN["v1"]())
-    batches = load_all(ds, autoproxy=True, shuffle=True, num_workers=3, batch_size=5, seed=11)
+    batches = load_all(ds, autoproxy=True, shuffle=True, num_workers=3, batch_size=5, seed=11, strict=True)
     n = 0
     for x, y in batches:
         x8 = to_uint8_domain(x, True)

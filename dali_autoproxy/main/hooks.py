@@ -54,7 +54,8 @@ class DataLoaderHooks:
         with self._lock:
             self.options = options  # a second enable() only updates the options
             self.proxy, self.recorder = proxy, recorder
-            settings.configure(fidelity=options.fidelity, resize=options.resize, record=options.record)
+            settings.configure(fidelity=options.fidelity, resize=options.resize, record=options.record,
+                               strict=options.strict)
             if not self._hook_registered:
                 wrapt.register_post_import_hook(self._patch_dataloader, _DATALOADER_MODULE)
                 self._hook_registered = True
@@ -98,8 +99,10 @@ class DataLoaderHooks:
                 self.state_for(instance).record.update(reason=ARM_A_REASON)
             elif self.active:
                 self.state_for(instance).update(_loader_side().decide(instance, self.options), self.options)
-        except Exception:  # the shim must never break the user's script
-            logger.debug("planning at DataLoader creation failed", exc_info=True)
+        except Exception as exc:  # the shim must never break the user's script; planned again when iterated
+            logger.warning("dali_autoproxy: planning at DataLoader creation failed (%s: %s); the loader is "
+                           "planned again when it is iterated", type(exc).__name__, exc)
+            logger.debug("the planning traceback", exc_info=True)
         return result
 
     def _on_get_iterator(self, wrapped, instance, args, kwargs):

@@ -20,7 +20,7 @@ import torch
 import wrapt
 
 from dali_autoproxy.backends.dali import PipelineError
-from dali_autoproxy.config import Options, logger
+from dali_autoproxy.config import Options, StrictModeError, logger
 from dali_autoproxy.main.collate import find_proxy_batches, finish, on_device, put_back
 from dali_autoproxy.main.cpu_fallback import replay_group
 from dali_autoproxy.main.decision import Decision, chain_names, decide, max_batch_size
@@ -73,6 +73,8 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
         decision = decide(loader, options)
         state.update(decision, options)
         if not decision.proxied:
+            if options.strict == "on":
+                state.check_strict()
             return CountedIterator(wrapped(), state.record, loader._auto_collation)
         batch_size = max_batch_size(loader)
         for plan in decision.plans.values():
@@ -80,10 +82,14 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
             runner = state.take_runner(plan.key, kind, batch_size, decision.device, options.lookahead,
                                        options.hw_decoder_load)
             state.give_back({(plan.key, kind): runner})
+    except StrictModeError:
+        raise
     except Exception as exc:
         state.update(Decision(False, f"set-up failed ({exc.__class__.__name__}: {exc})",
                               worker_transforms=chain_names(loader.dataset)), options)
         logger.debug("set-up failed", exc_info=True)
+        if options.strict == "on":
+            state.check_strict()
         return CountedIterator(wrapped(), state.record, loader._auto_collation)
     user_init, user_collate = loader.worker_init_fn, loader.collate_fn
     # the workers collate proxies; a user's collate runs here, on DALI's tensors
@@ -158,6 +164,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_lookahead = options.lookahead
         self._self_hw_decoder_load = options.hw_decoder_load
         self._self_share = options.shared_decode == "on"
+        self._self_strict = options.strict == "on"
         self._self_inflight: collections.deque = collections.deque()
         self._self_count = 0
         self._self_runners: Dict[RunnerKey, Any] = {}
@@ -319,6 +326,8 @@ class ProxiedIterator(wrapt.ObjectProxy):
                 self._self_state.nothing_reached_dali(next(iter(rec["decoded_in_worker"]), WHY_CPU))
             else:
                 self._self_state.reached_dali()
+        if self._self_strict:
+            self._self_state.check_strict()
         if collated:  # the user's collate_fn, on DALI's tensors, under the worker's random states
             out = finish(entry.batch, [table[id(pb)] for pb in entry.batch.batches], self._self_collate)
             if self._self_out == "cpu" and self._self_pin:  # what the loader's pin thread would have done

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from dali_autoproxy.config import Options, logger
+from dali_autoproxy.config import Options, StrictModeError, logger
 from dali_autoproxy.main.decision import Decision
 from dali_autoproxy.plan.planning import Plan
 from dali_autoproxy.transport import ENCODED, SHARED, ProxyBatch
@@ -89,6 +89,33 @@ class LoaderState:
                 logger.info("DataLoader #%d: a chain called in the workers joins DALI: %s",
                             self.record["loader"], " -> ".join(plan.names))
                 self._describe_plans()
+
+    def off_dali(self) -> Optional[str]:
+        """What of this loader has not run on DALI so far, in words (None: everything did)."""
+        rec = self.record
+        if not rec["proxied"]:
+            return f"it runs plain torchvision: {rec['reason']}"
+        if rec["worker_transforms"]:
+            kept = " -> ".join(rec["worker_transforms"])
+            return f"steps stay in the worker: {kept}" + (f" ({rec['partial']})" if rec["partial"] else "")
+        if rec["decoded_in_worker"]:
+            return "images decoded in the worker: " + "; ".join(
+                f"{n} ({why})" for why, n in rec["decoded_in_worker"].items())
+        if rec["passed_over"]:
+            return "chain calls the workers did not take over: " + "; ".join(
+                f"{n} ({why})" for why, n in rec["passed_over"].items())
+        if rec["cpu_path_samples"]:
+            return (f"{rec['cpu_path_samples']} samples were computed by PIL and torchvision (their chain ran in "
+                    "the worker, or DALI failed on their batch: the log says which)")
+        return None
+
+    def check_strict(self) -> None:
+        """strict="on": raise StrictModeError where anything of this loader did not run on DALI."""
+        why = self.off_dali()
+        if why is not None:
+            rec = self.record
+            raise StrictModeError(f"DataLoader #{rec['loader']} ({rec['dataset']}) does not run on DALI "
+                                  f"(strict mode): {why}")
 
     def count_decoding(self, pb: ProxyBatch) -> None:
         rec = self.record

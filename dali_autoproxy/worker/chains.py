@@ -27,9 +27,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 from PIL import Image
 
-from dali_autoproxy.config import logger
+from dali_autoproxy.config import StrictModeError, logger
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.planning import ENDS_AS_PIL, build_head_plan, build_plan, joint_class, may_be_joint
+from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.translate.registry import is_chain, transform_name
 from dali_autoproxy.transport import ProxyBatch, ProxyCollated, ProxySample, Unrouted
 from dali_autoproxy.tree import flatten
@@ -77,9 +78,8 @@ class ChainRouter:
                 plan = build_plan(chain)
             except Unsupported as exc:
                 node = _head_node(chain) if str(exc) == ENDS_AS_PIL else None
-            except Exception:  # a converter tripped on an unusual transform: never the user's problem
-                logger.debug("planning a chain in a worker failed; it runs as plain torchvision", exc_info=True)
-                node = None
+            except Exception as exc:  # a converter tripped on an unusual transform: never the user's problem
+                node = _planning_failed(chain, exc)
             else:
                 node = ProxyNode(plan, chain, announce=plan.key not in self.known)
             if len(self.nodes) >= MAX_CHAINS:  # chains made anew per sample: plan them again, hold none
@@ -114,9 +114,19 @@ def _head_node(chain: Any) -> Optional[HeadNode]:
         return HeadNode(build_head_plan(chain), chain)
     except Unsupported:
         return None
-    except Exception:  # pragma: no cover - a converter tripped: the chain runs as written
-        logger.debug("planning a chain that hands its image on failed", exc_info=True)
-        return None
+    except Exception as exc:  # pragma: no cover - a converter tripped: the chain runs as written
+        return _planning_failed(chain, exc)
+
+
+def _planning_failed(chain: Any, exc: Exception) -> None:
+    """A converter raised on a chain: it runs as plain torchvision, said at WARNING (a broken
+    converter must not pass for a chain that was never meant to move); in strict mode, an error."""
+    what = f"planning {transform_name(chain)} in a worker failed ({type(exc).__name__}: {exc})"
+    if SETTINGS["strict"] == "on":
+        raise StrictModeError(f"{what} (strict mode)") from exc
+    logger.warning("dali_autoproxy: %s; it runs as plain torchvision", what)
+    logger.debug("the converter's traceback", exc_info=True)
+    return None
 
 
 def _joint_call(instance: Any, args: tuple, kwargs: dict) -> Optional[str]:

@@ -1,0 +1,74 @@
+"""Strict mode (``enable(strict=True)`` / ``DALI_AUTOPROXY_STRICT=1``): a loader that would not
+run on DALI raises StrictModeError naming what and why; a fully proxied loader runs as usual.
+Real DataLoader workers, DALI's CPU backend, photographs."""
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+from helpers import image_folder, load_all
+from PIL import Image
+from torch.utils.data import DataLoader
+
+import dali_autoproxy
+from dali_autoproxy import StrictModeError
+from dali_autoproxy.config import resolve_options
+
+CHAIN = [T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize([0.5] * 3, [0.2] * 3)]
+
+
+class InvertWithNumpy:
+    """A step that needs the pixels in the worker (numpy on the image: nothing to record)."""
+
+    def __call__(self, img):
+        return Image.fromarray(255 - np.asarray(img))
+
+
+def _iterate(dataset, epochs=2, **kw):
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("num_workers", 2)
+    dali_autoproxy.enable(device="cpu", strict=True, log_level="ERROR")
+    try:
+        torch.manual_seed(0)
+        loader = DataLoader(dataset, **kw)
+        return [[b for b in loader] for _ in range(epochs)][-1]
+    finally:
+        dali_autoproxy.disable()
+
+
+def test_a_fully_proxied_loader_runs_and_equals_plain(photo_root):
+    ds = image_folder(photo_root, T.Compose(CHAIN))
+    out = _iterate(ds)
+    ref = load_all(ds, autoproxy=False, batch_size=4, epochs=2)
+    assert len(out) == len(ref)
+    for (x, y), (rx, ry) in zip(out, ref):
+        assert torch.equal(y, ry) and x.shape == rx.shape
+        assert (x - rx).abs().max() < 0.5  # the default resize's bound (docs/transforms.md), in normalised units
+
+
+def test_a_step_that_needs_pixels_raises_naming_it(photo_root):
+    ds = image_folder(photo_root, T.Compose([T.RandomResizedCrop(64), InvertWithNumpy(), T.ToTensor()]))
+    with pytest.raises(StrictModeError, match="InvertWithNumpy") as info:
+        _iterate(ds)
+    assert "strict mode" in str(info.value)
+
+
+def test_a_loader_that_falls_back_raises_before_its_first_batch(photo_root):
+    ds = image_folder(photo_root, T.Compose(CHAIN))
+    with pytest.raises(StrictModeError, match=r"plain torchvision: batch_size=None"):
+        _iterate(ds, batch_size=None)
+
+
+def test_a_decode_left_in_the_worker_raises_with_its_reason(mixed_root):
+    root, special = mixed_root
+    ds = image_folder(root, T.Compose([T.CenterCrop(32), T.ToTensor()]))
+    with pytest.raises(StrictModeError, match="decoded in the worker"):
+        _iterate(ds, num_workers=0)
+
+
+def test_the_switch_reads_the_keyword_and_the_variable():
+    assert resolve_options(environ={}).strict == "off"
+    assert resolve_options(strict=True, environ={}).strict == "on"
+    assert resolve_options(environ={"DALI_AUTOPROXY_STRICT": "1"}).strict == "on"
+    assert resolve_options(strict=False, environ={"DALI_AUTOPROXY_STRICT": "1"}).strict == "off"
+    with pytest.raises(ValueError, match="DALI_AUTOPROXY_STRICT='sometimes'"):
+        resolve_options(environ={"DALI_AUTOPROXY_STRICT": "sometimes"})
