@@ -44,7 +44,7 @@ from dali_autoproxy.worker.install import WorkerInstaller, patch, swap_folder_lo
 from dali_autoproxy.worker.routing import routing
 
 NOTHING_ROUTED = ("no recognised chain was called with one image in __getitem__ (a joint image+target "
-                  "transform, say): the batches are plain torchvision's")
+                  "transform, say), or the chains called stayed plain in the workers (the log says why)")
 
 
 class CountedIterator(wrapt.ObjectProxy):
@@ -312,29 +312,32 @@ class ProxiedIterator(wrapt.ObjectProxy):
             for pb in entry.proxies:
                 table[id(pb)] = self._self_assemble(pb, [outputs[id(g)] for g in pb.groups], stack=not collated)
         finally:
-            rec = self._self_state.record
-            rec["batches"] += 1
-            self._self_state.count_decodes(entry.units)
+            state = self._self_state
+            rec = state.record
+            state.count_decodes(entry.units)
             for pb in entry.proxies:
-                rec["samples"] += pb.size
+                state.routed += pb.size
                 rec["cpu_path_samples"] += len(pb.done_indices)
-                self._self_state.ran_in_worker += len(pb.done_indices)
-                self._self_state.count_decoding(pb)
-            if not rec["samples"]:
-                self._self_state.nothing_reached_dali(NOTHING_ROUTED)
-            elif self._self_state.ran_in_worker == rec["samples"]:  # every sample ran its chain in the worker
-                self._self_state.nothing_reached_dali(next(iter(rec["decoded_in_worker"]), WHY_CPU))
+                state.ran_in_worker += len(pb.done_indices)
+                state.count_decoding(pb)
+            if not state.routed:
+                state.nothing_reached_dali(NOTHING_ROUTED)
+            elif state.ran_in_worker == state.routed:  # every sample ran its chain in the worker
+                state.nothing_reached_dali(next(iter(rec["decoded_in_worker"]), WHY_CPU))
             else:
-                self._self_state.reached_dali()
+                state.reached_dali()
         if self._self_strict:
-            self._self_state.check_strict()
+            state.check_strict()
         if collated:  # the user's collate_fn, on DALI's tensors, under the worker's random states
             out = finish(entry.batch, [table[id(pb)] for pb in entry.batch.batches], self._self_collate)
             if self._self_out == "cpu" and self._self_pin:  # what the loader's pin thread would have done
                 from torch.utils.data._utils.pin_memory import pin_memory
                 out = pin_memory(out)
-            return out
-        return put_back(entry.batch, table)
+        else:
+            out = put_back(entry.batch, table)
+        rec["batches"] += 1  # what the loop receives: the batch, and its samples (not its views)
+        rec["samples"] += max((pb.size for pb in entry.proxies), default=0) or batch_length(out)
+        return out
 
     def _self_on_cpu(self, group: ProxyGroup, batch_index: int, dali_error: Any) -> List[torch.Tensor]:
         return replay_group(self._self_state, group, batch_index, dali_error, self._self_dataset)

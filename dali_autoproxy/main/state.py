@@ -36,7 +36,8 @@ class LoaderState:
         self.idle_runners: Dict[RunnerKey, list] = collections.defaultdict(list)
         self.plans: Dict[str, Plan] = {}
         self.used: set = set()  # keys of the plans batches came with (a worker may replan a chain)
-        self.ran_in_worker = 0  # samples whose whole chain ran in the worker (none reached DALI)
+        self.routed = 0  # chain outputs (views) the workers sent as proxies, DALI's or done in the worker
+        self.ran_in_worker = 0  # of those, the ones whose whole chain ran in the worker (none reached DALI)
         self.lock = threading.Lock()
         self._logged: Optional[Tuple[bool, Optional[str]]] = None
 
