@@ -30,6 +30,11 @@ TRAIN = lambda: T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.
                            T.Normalize(MEAN, STD)])
 
 
+class Outcomes(list):
+    """The outcomes of an epoch, with the loader's report row (None for plain torchvision)."""
+    report = None
+
+
 def outcomes(ds, *, autoproxy, seed=0, device="cpu", **kw):
     """Every next() of one epoch: ("ok", x, y) or ("err", exception type, message)."""
     kw.setdefault("batch_size", 4)
@@ -37,7 +42,7 @@ def outcomes(ds, *, autoproxy, seed=0, device="cpu", **kw):
     if autoproxy:
         dali_autoproxy.enable(device=device, log_level="ERROR")
     torch.manual_seed(seed)
-    res, it = [], iter(DataLoader(ds, **kw))
+    res, it = Outcomes(), iter(DataLoader(ds, **kw))
     try:
         while True:
             try:
@@ -49,10 +54,17 @@ def outcomes(ds, *, autoproxy, seed=0, device="cpu", **kw):
                 res.append(("err", type(exc), str(exc)))
     finally:
         del it
+        if autoproxy and dali_autoproxy.report():
+            res.report = dali_autoproxy.report()[-1]
         dali_autoproxy.disable()
 
 
-def same_outcomes(ref, out, **tolerance):
+def same_outcomes(ref, out, *, proxied=True, **tolerance):
+    """Plain's outcomes, batch for batch; ``proxied``: and the autoproxied run did run on DALI
+    (a loader that fell back would give plain's outcomes trivially)."""
+    if proxied and getattr(out, "report", None) is not None:
+        assert out.report["proxied"] and out.report["decoded_on_dali"] + out.report["cpu_path_samples"] > 0, \
+            out.report
     assert [r[0] for r in ref] == [o[0] for o in out], ([r[:2] for r in ref if r[0] == "err"],
                                                          [o[:2] for o in out if o[0] == "err"])
     for r, o in zip(ref, out):
