@@ -194,3 +194,27 @@ def test_without_cuda_the_stage_keeps_the_torch_ops():
 
 if __name__ == "__main__":
     print(json.dumps([check(sys.argv[1]), check_tensor_v2(sys.argv[1]), check_augment(sys.argv[1])]))
+
+
+@pytest.mark.parametrize("api", ["v1", "v2"])
+def test_the_cpu_division_mode_changes_no_value_of_torchvisions_kernels(api):
+    """What cpu_division does on CUDA tensors (a division by a number becomes one by a 0-d
+    tensor; mean a sum divided by the count), applied here to CPU tensors, where both are the
+    CPU's own arithmetic: torchvision's tensor ColorJitter kernels give the same bits (the GPU
+    twin, test_gpu.py, compares CUDA with the mode against the CPU)."""
+    from skimage import data
+
+    from dali_autoproxy.backends.torch_stage.host_division import CpuDivision
+    from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_jitter_kernels
+    kernels = tensor_jitter_kernels(api)
+    x = torch.from_numpy(np.stack([data.astronaut()[:120, :120], data.coffee()[:120, :120]])).permute(0, 3, 1, 2)
+    rng = np.random.default_rng(1)
+    for which in range(4):
+        f = torch.tensor(rng.uniform(-0.1, 0.1, 2) if which == 3 else rng.uniform(0.6, 1.4, 2)).view(-1, 1, 1, 1)
+        seen = []
+        mode = CpuDivision(applies=lambda t: seen.append(t.shape) or True)
+        with mode:
+            got = kernels[which](x.contiguous(), f)
+        assert torch.equal(got, kernels[which](x.contiguous(), f))
+        if which == 1 or (which == 3 and api == "v1"):  # contrast's mean, v1 hue's divisions (v2 multiplies)
+            assert seen, which

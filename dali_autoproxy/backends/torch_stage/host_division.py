@@ -16,15 +16,15 @@ the CPU's bit for bit, the sum being exact in either order.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from dali_autoproxy.backends.torch_stage.registry import constant
 
-_DIVISIONS = {torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.true_divide,
-              torch.Tensor.__truediv__}
+_DIVISIONS = {torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.true_divide, torch.Tensor.div_,
+              torch.Tensor.true_divide_, torch.Tensor.__truediv__, torch.Tensor.__itruediv__}
 _MEANS = {torch.mean, torch.Tensor.mean}
 
 
@@ -32,15 +32,22 @@ def _divisor(x: torch.Tensor, number: float) -> torch.Tensor:
     return constant([number], x.device, x.dtype).view(())
 
 
-class _CpuDivision(TorchFunctionMode):
+class CpuDivision(TorchFunctionMode):
+    """The mode itself; ``applies(tensor)`` says which tensors it rewrites (CUDA ones)."""
+
+    def __init__(self, applies: Callable[[torch.Tensor], bool] = lambda t: t.is_cuda) -> None:
+        super().__init__()
+        self.applies = applies
+
+    def _takes(self, x: Any) -> bool:
+        return isinstance(x, torch.Tensor) and x.is_floating_point() and self.applies(x)
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if (func in _DIVISIONS and len(args) == 2 and isinstance(args[1], (int, float))
-                and isinstance(args[0], torch.Tensor) and args[0].is_cuda and args[0].is_floating_point()
+        if (func in _DIVISIONS and len(args) == 2 and isinstance(args[1], (int, float)) and self._takes(args[0])
                 and kwargs.get("rounding_mode") is None):
             return func(args[0], _divisor(args[0], args[1]), **kwargs)
-        if func in _MEANS and args and isinstance(args[0], torch.Tensor) and args[0].is_cuda \
-                and args[0].is_floating_point() and "dtype" not in kwargs and "out" not in kwargs:
+        if func in _MEANS and args and self._takes(args[0]) and "dtype" not in kwargs and "out" not in kwargs:
             x = args[0]
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
@@ -56,5 +63,5 @@ def cpu_division(x: torch.Tensor) -> Iterator[None]:
     if not x.is_cuda:
         yield
         return
-    with _CpuDivision():
+    with CpuDivision():
         yield
