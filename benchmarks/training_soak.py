@@ -166,6 +166,7 @@ def child(recipe: str, mode: str, a) -> None:
                 steady_samples += k
         sync()
         t_end = time.perf_counter()
+        t_stop = t_stop or t_end  # an epoch too short for a window at its end (w = 0)
         print(json.dumps({
             "epoch": epoch, "samples": samples, "epoch_s": round(t_end - t0, 3),
             "first_batch_s": round(t_first, 3),
