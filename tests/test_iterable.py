@@ -127,3 +127,16 @@ def test_two_nodes_over_webdataset_shards(shards, tmp_path):
         assert auto["report"] and all(p for p, _ in auto["report"]) and sum(n for _, n in auto["report"]) > 0
         assert [b[2] for b in plain["batches"]] == [b[2] for b in auto["batches"]]  # same keys, same order
         compare([(x, y) for x, y, _ in plain["batches"]], [(x, y) for x, y, _ in auto["batches"]])
+
+
+def test_hugging_face_grayscale_jpegs_decode_on_dali(mixed_root):
+    """A grayscale JPEG through the Image feature (mode L, as the library returns it) and the
+    usual ``convert("RGB")``: decoded on DALI as ImageFolder's are, equal to plain."""
+    root, special = mixed_root
+    ds = hf.Dataset.from_dict({"image": [special["gray"]] * 6, "label": list(range(6))})
+    ds = ds.cast_column("image", hf.Image()).with_transform(hf_transform)
+    ref = load_all(ds, autoproxy=False, seed=4, batch_size=3)
+    out = load_all(ds, autoproxy=True, seed=4, batch_size=3)
+    rep = last_report()
+    assert rep["proxied"] and rep["decoded_on_dali"] == 6 and rep["decoded_in_worker"] == {}, rep
+    compare([(b["pixel_values"], b["label"]) for b in ref], [(b["pixel_values"], b["label"]) for b in out])

@@ -72,3 +72,27 @@ def test_the_switch_reads_the_keyword_and_the_variable():
     assert resolve_options(strict=False, environ={"DALI_AUTOPROXY_STRICT": "1"}).strict == "off"
     with pytest.raises(ValueError, match="DALI_AUTOPROXY_STRICT='sometimes'"):
         resolve_options(environ={"DALI_AUTOPROXY_STRICT": "sometimes"})
+
+
+def test_a_grayscale_jpeg_handed_over_unconverted_says_so(mixed_root):
+    """A dataset handing ``Image.open(path)`` of a grayscale JPEG to the chain (as Hugging Face's
+    Image feature does) computes on mode L, so Pillow decodes it in the worker: the report says
+    that, not that the file is no ordinary JPEG."""
+    from dali_autoproxy.transport import WHY_NOT_RGB
+
+    root, special = mixed_root
+
+    class Opened(torch.utils.data.Dataset):
+        def __init__(self):
+            self.tf = T.Compose([T.CenterCrop(32), T.PILToTensor()])
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return self.tf(Image.open(special["gray"])), i
+    ref = load_all(Opened(), autoproxy=False, batch_size=2, epochs=1)
+    out = load_all(Opened(), autoproxy=True, batch_size=2, epochs=1)
+    assert all(torch.equal(a[0], b[0]) and a[0].shape[1] == 1 for a, b in zip(ref, out))
+    rep = dali_autoproxy.report()[-1]
+    assert rep["decoded_in_worker"] == {WHY_NOT_RGB: 4}, rep

@@ -3,9 +3,11 @@
 webdataset's ``.decode("pil")`` and Hugging Face ``datasets``' ``Image`` feature open each image
 with Pillow and call ``load()`` at once, so Pillow's own laziness never gets a chance. In a
 proxied loader's workers their decoders are wrapped (by qualified name: neither library is
-imported here): an ordinary, complete RGB JPEG comes back as a :class:`DeferredJpeg`, the very
-image the library would have returned (same size and mode, decoded by Pillow the moment
-anything needs its pixels), and a recognised chain that receives it sends its bytes to DALI.
+imported here): an ordinary, complete JPEG (RGB, or grayscale where the library converts it)
+comes back as a :class:`DeferredJpeg`, the very image the library would have returned (same
+size and mode, decoded by Pillow the moment anything needs its pixels), and a recognised chain
+that receives it sends its bytes to DALI; a grayscale one the library returns as it is comes
+back opened by Pillow, not loaded.
 Anything else, and any image the library would change (Hugging Face applies EXIF orientation),
 is decoded by the library as before.
 """
@@ -21,13 +23,18 @@ from dali_autoproxy.worker.deferred import DeferredJpeg, dali_decodable
 from dali_autoproxy.worker.routing import routing_active
 
 
-def _rgb_jpeg(data: Any, path: Any = None) -> Any:
-    """A DeferredJpeg for bytes that Pillow opens as an ordinary complete RGB JPEG, else None."""
+def _rgb_jpeg(data: Any, path: Any = None, keep_mode: bool = False) -> Any:
+    """For bytes that Pillow opens as an ordinary complete JPEG: a DeferredJpeg of its RGB image
+    (a grayscale one converted as Pillow's ``convert("RGB")``, which is what DALI decodes); with
+    ``keep_mode`` (the library returns the image in its own mode) a grayscale JPEG comes back
+    as Pillow opens it, not loaded, so that the chain's ``convert("RGB")`` defers it. Else None."""
     if not isinstance(data, (bytes, bytearray)):
         return None
     found = dali_decodable(bytes(data))
-    if found is None or found[0] != "RGB":
+    if found is None:
         return None
+    if found[0] == "L" and keep_mode:
+        return Image.open(io.BytesIO(bytes(data)))  # Pillow's laziness: decoded when its pixels are used
     return DeferredJpeg(bytes(data), found[1:], None, path)
 
 
@@ -55,7 +62,7 @@ def hf_image(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
                     data = f.read()
             except OSError:
                 data = None
-        img = _rgb_jpeg(data, path)
+        img = _rgb_jpeg(data, path, keep_mode=instance.mode is None)
         if img is not None and not _has_orientation(data):
             return img
     return wrapped(*args, **kwargs)
