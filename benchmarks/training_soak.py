@@ -32,6 +32,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from soak import rss_mb  # noqa: E402  (RSS after malloc_trim, as the resource soak reads it)
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -96,19 +97,6 @@ def padded(images):
     for k, img in enumerate(images):
         out[k, :, :img.shape[-2], :img.shape[-1]].copy_(img, non_blocking=True)
     return out
-
-
-def rss_mb() -> float:
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def child(recipe: str, mode: str, a) -> None:

@@ -104,14 +104,23 @@ def _pick_fraction(name: str, value, env_name: str, environ: Mapping[str, str], 
                               lambda n: type(n) in (int, float) and 0.0 <= n <= 1.0, "numbers from 0 to 1"))
 
 
+def _given(name: str, value, env_name: str, environ: Mapping[str, str]) -> Optional[tuple]:
+    """(value, where it came from as "name=" or "VARIABLE="): the keyword, else the variable;
+    None when neither is set (the default applies)."""
+    if value is not None:
+        return value, f"{name}="
+    raw = environ.get(env_name)
+    if raw is None or raw.strip() == "":
+        return None
+    return raw, f"{env_name}="
+
+
 def _pick(name: str, value: Optional[str], env_name: str, accepted: tuple, environ: Mapping[str, str],
           default: str, upper: bool = False) -> str:
-    source = f"{name}="
-    if value is None:
-        raw = environ.get(env_name)
-        if raw is None or raw.strip() == "":
-            return default
-        value, source = raw, f"{env_name}="
+    given = _given(name, value, env_name, environ)
+    if given is None:
+        return default
+    value, source = given
     if not isinstance(value, str):
         raise ValueError(f"dali_autoproxy: option {source}{value!r} must be a string; "
                          f"accepted values: {', '.join(accepted)}")
@@ -149,12 +158,10 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
 
 def _pick_switch(name: str, value, env_name: str, environ: Mapping[str, str], default: str) -> str:
     """An on/off option: a bool or on/off/1/0/true/false/yes/no -> "on" or "off"."""
-    source = f"{name}="
-    if value is None:
-        raw = environ.get(env_name)
-        if raw is None or raw.strip() == "":
-            return default
-        value, source = raw, f"{env_name}="
+    given = _given(name, value, env_name, environ)
+    if given is None:
+        return default
+    value, source = given
     if isinstance(value, bool):
         return "on" if value else "off"
     norm = value.strip().lower() if isinstance(value, str) else None

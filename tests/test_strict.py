@@ -75,10 +75,10 @@ def test_the_switch_reads_the_keyword_and_the_variable():
 
 
 def test_a_grayscale_jpeg_handed_over_unconverted_says_so(mixed_root):
-    """A dataset handing ``Image.open(path)`` of a grayscale JPEG to the chain (as Hugging Face's
-    Image feature does) computes on mode L, so Pillow decodes it in the worker: the report says
-    that, not that the file is no ordinary JPEG."""
-    from dali_autoproxy.transport import WHY_NOT_RGB
+    """A dataset handing ``Image.open(path)`` of a grayscale JPEG to the chain without
+    ``convert("RGB")`` computes on mode L, so the chain runs in the worker: the report says that,
+    not that the file is no ordinary JPEG; strict mode raises with it."""
+    from dali_autoproxy.transport import WHY_CPU
 
     root, special = mixed_root
 
@@ -95,4 +95,6 @@ def test_a_grayscale_jpeg_handed_over_unconverted_says_so(mixed_root):
     out = load_all(Opened(), autoproxy=True, batch_size=2, epochs=1)
     assert all(torch.equal(a[0], b[0]) and a[0].shape[1] == 1 for a, b in zip(ref, out))
     rep = dali_autoproxy.report()[-1]
-    assert rep["decoded_in_worker"] == {WHY_NOT_RGB: 4}, rep
+    assert rep["decoded_in_worker"] == {WHY_CPU: 4}, rep
+    with pytest.raises(StrictModeError, match="not an RGB image"):
+        _iterate(Opened(), batch_size=2)
