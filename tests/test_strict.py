@@ -98,3 +98,35 @@ def test_a_grayscale_jpeg_handed_over_unconverted_says_so(mixed_root):
     assert rep["decoded_in_worker"] == {WHY_CPU: 4}, rep
     with pytest.raises(StrictModeError, match="not an RGB image"):
         _iterate(Opened(), batch_size=2)
+
+
+def test_the_log_says_each_decision_once_with_its_chain():
+    """A loader of joint transforms only names them (not an empty chain); plans a worker
+    announces for more shapes of one chain of steps are logged once."""
+    import logging
+
+    from dali_autoproxy.config import resolve_options
+    from dali_autoproxy.main.decision import Decision
+    from dali_autoproxy.main.state import LoaderState
+    from dali_autoproxy.plan.planning import build_plan
+    loader = DataLoader(list(range(4)), batch_size=2)
+    state = LoaderState(loader)
+    lines = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+    log, handler = logging.getLogger("dali_autoproxy"), Collect(logging.INFO)
+    log.addHandler(handler)
+    level = log.level
+    log.setLevel(logging.INFO)
+    try:
+        state.update(Decision(True, None, "cpu", joint=["dataset.transforms: Compose"]), resolve_options(environ={}))
+        for size in (32, 48, 64):
+            state.learn(build_plan(T.Compose([T.CenterCrop(size), T.PILToTensor()])))
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    text = "\n".join(lines)
+    assert "proxied to DALI on cpu: joint transforms (dataset.transforms: Compose)" in text, text
+    assert text.count("joins DALI") == 1, text

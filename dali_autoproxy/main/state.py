@@ -40,6 +40,7 @@ class LoaderState:
         self.ran_in_worker = 0  # of those, the ones whose whole chain ran in the worker (none reached DALI)
         self.lock = threading.Lock()
         self._logged: Optional[Tuple[bool, Optional[str]]] = None
+        self._announced: set = set()  # the step chains learn() has logged
 
     def update(self, decision: Decision, options: Options) -> None:
         rec = self.record
@@ -57,8 +58,11 @@ class LoaderState:
         if key != self._logged:
             self._logged = key
             if decision.proxied:
+                chain = " -> ".join(rec["dali_transforms"]) or (
+                    "joint transforms (" + "; ".join(decision.joint) + "), planned in the workers per call: "
+                    "the image on DALI, the targets in the worker")
                 logger.info("DataLoader #%d (%s): proxied to DALI on %s: %s", rec["loader"],
-                            rec["dataset"], rec["device"], " -> ".join(rec["dali_transforms"]))
+                            rec["dataset"], rec["device"], chain)
                 if rec["partial"]:
                     logger.info("DataLoader #%d: partial offload, worker | DALI: %s", rec["loader"], rec["partial"])
                 for line in decision.unplanned:
@@ -83,12 +87,16 @@ class LoaderState:
         rec["partial"] = "; ".join(splits) or None
 
     def learn(self, plan: Plan) -> None:
-        """A plan a worker announced (a chain the walk did not find)."""
+        """A plan a worker announced (a chain the walk did not find, or a joint transform planned
+        for one more shape: said once per chain of steps)."""
         with self.lock:
             if plan.key not in self.plans:
                 self.plans[plan.key] = plan
-                logger.info("DataLoader #%d: a chain called in the workers joins DALI: %s",
-                            self.record["loader"], " -> ".join(plan.names))
+                steps = " -> ".join(plan.names)
+                if steps not in self._announced:
+                    self._announced.add(steps)
+                    logger.info("DataLoader #%d: a chain called in the workers joins DALI: %s",
+                                self.record["loader"], steps)
                 self._describe_plans()
 
     def off_dali(self) -> Optional[str]:
