@@ -46,8 +46,14 @@ class PatchLedger:
     """What was patched, and how to undo it. Thread-safe; wrapping twice is a no-op."""
 
     def __init__(self) -> None:
-        self._patched: List[Tuple[Any, str, Any]] = []  # (owner, attribute, original or _MISSING)
+        # (owner, attribute, original or _MISSING, the wrapper installed)
+        self._patched: List[Tuple[Any, Any, Any, Any]] = []
         self._lock = threading.RLock()
+
+    def _ours(self, owner: Any, name: Any, current: Any) -> bool:
+        """Whether ``current`` is a wrapper this ledger installed there (another library's wrapt
+        wrapper on the same attribute is not: it gets ours around it, and keeps it on undo)."""
+        return any(o is owner and n == name and w is current for o, n, _, w in self._patched)
 
     def wrap(self, owner: Any, name: Any, wrapper: Callable) -> None:
         """Wrap ``owner.name`` in place with a wrapt wrapper (once), recording the original; an
@@ -56,20 +62,20 @@ class PatchLedger:
         with self._lock:
             if isinstance(owner, dict):
                 own = owner.get(name, _MISSING)
-                if own is not _MISSING and not isinstance(own, wrapt.FunctionWrapper):
+                if own is not _MISSING and not self._ours(owner, name, own):
                     owner[name] = wrapt.FunctionWrapper(own, wrapper)
-                    self._patched.append((owner, name, own))
+                    self._patched.append((owner, name, own, owner[name]))
                 return
             own = owner.__dict__.get(name, _MISSING)
-            if isinstance(own, wrapt.FunctionWrapper):  # already ours
+            if own is not _MISSING and self._ours(owner, name, own):
                 return
             wrapt.wrap_function_wrapper(owner, name, wrapper)
-            self._patched.append((owner, name, own))
+            self._patched.append((owner, name, own, owner.__dict__.get(name)))
 
     def undo_all(self) -> None:
         """Restore every patched attribute, newest first."""
         with self._lock:
-            for owner, name, original in reversed(self._patched):
+            for owner, name, original, _ in reversed(self._patched):
                 if isinstance(owner, dict):
                     owner[name] = original
                 elif original is _MISSING:
@@ -82,7 +88,8 @@ class PatchLedger:
         """'module.Class.attribute' of each patch in place."""
         with self._lock:
             return [f"kernel table[{getattr(n, '__qualname__', n)}]" if isinstance(o, dict) else
-                    f"{getattr(o, '__module__', '?')}.{getattr(o, '__qualname__', o)}.{n}" for o, n, _ in self._patched]
+                    f"{getattr(o, '__module__', '?')}.{getattr(o, '__qualname__', o)}.{n}"
+                    for o, n, _, _ in self._patched]
 
 
 ledger = PatchLedger()

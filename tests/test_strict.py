@@ -130,3 +130,29 @@ def test_the_log_says_each_decision_once_with_its_chain():
     text = "\n".join(lines)
     assert "proxied to DALI on cpu: joint transforms (dataset.transforms: Compose)" in text, text
     assert text.count("joins DALI") == 1, text
+
+
+def test_another_librarys_wrapt_wrapper_is_not_taken_for_ours():
+    """A wrapt wrapper another library put on an attribute gets ours around it (called
+    through both), and undo gives it back; ours is not wrapped twice."""
+    import wrapt
+
+    from dali_autoproxy.patches import PatchLedger
+
+    class Owner:
+        def f(self):
+            return ["f"]
+
+    def theirs(wrapped, instance, args, kwargs):
+        return wrapped(*args, **kwargs) + ["theirs"]
+
+    def ours(wrapped, instance, args, kwargs):
+        return wrapped(*args, **kwargs) + ["ours"]
+    wrapt.wrap_function_wrapper(Owner, "f", theirs)
+    their_wrapper = Owner.__dict__["f"]
+    ledger = PatchLedger()
+    ledger.wrap(Owner, "f", ours)
+    ledger.wrap(Owner, "f", ours)  # twice: a no-op
+    assert Owner().f() == ["f", "theirs", "ours"]
+    ledger.undo_all()
+    assert Owner.__dict__["f"] is their_wrapper and Owner().f() == ["f", "theirs"]
