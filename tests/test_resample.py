@@ -349,6 +349,50 @@ COMPUTED_CASES = {where: {case: {"samples": 6 * n, "different_from_pillow": 0}
                   for where, n in (("interpreter", 3), ("gpu", 30))}
 
 
+def _compile_for_a_gpu(kernel, signature: dict, constants: dict) -> None:
+    """Triton's front end (Python to its IR, where types are checked) for an sm_90 target; no
+    GPU needed. Raises what a first launch on a GPU would."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({"num_warps": 4, "enable_fp_fusion": False})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    source = ASTSource(kernel, {**signature, **{name: "constexpr" for name in constants}}, constants)
+    source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+
+
+def test_resample_kernels_compile_for_a_gpu_in_every_variant():
+    """Every constexpr variant the stage launches type-checks in Triton's compiler (the interpreter
+    checks no types: a float32 source once compiled nowhere but on a GPU, at its first batch)."""
+    pytest.importorskip("triton")
+    import itertools
+
+    from dali_autoproxy.backends.torch_stage import _triton_resample as kernels
+    from dali_autoproxy.backends.torch_stage.fused_resize import META
+    args = {"block": "*i64", "mean": "*fp32", "std": "*fp32", "C": "i32", "n_b": "i32", "scale": "fp32"}
+    failed = []
+    for src_float, dst_float, affine, normalize in itertools.product((False, True), (False, True), (0, 1, 2),
+                                                                     (False, True)):
+        common = dict(SRC_FLOAT=src_float, DST_FLOAT=dst_float, AFFINE=affine, NORMALIZE=normalize, META=META,
+                      BLOCK_O=32, BLOCK_A=32)
+        variants = [(kernels.resample_pass, common)] + [
+            (kernels.resample_computed, dict(common, PASS=p, K=9 + 4 * windowed + 2, WINDOWED=windowed,
+                                             ORDERS=True, N_FLIP_X=1, N_FLIP_Y=1))
+            for p, windowed in itertools.product((0, 1), (False, True))]
+        for kernel, constants in variants:
+            try:
+                _compile_for_a_gpu(kernel, args, constants)
+            except Exception as exc:  # the compiler's error names the line; keep the variant and the cause
+                cause = exc.__cause__ or exc
+                failed.append((kernel.fn.__name__, constants, f"{type(cause).__name__}: {cause}"[-300:]))
+    assert failed == []
+
+
 @pytest.mark.gpu
 def test_triton_kernel_on_the_gpu_equals_pillow():
     """Compiled, launched directly and replayed from CUDA graphs (every batch of a shape after

@@ -29,9 +29,13 @@ FIRST_COMPUTED, LAST_COMPUTED = 2, 4
 
 @triton.jit
 def _source(meta, SRC_FLOAT: tl.constexpr):
+    # one return: Triton's code generator types every return statement of a function, a
+    # constexpr-dead one too, and refuses two pointer types
     if SRC_FLOAT:
-        return tl.load(meta).to(tl.pointer_type(tl.float32))
-    return tl.load(meta).to(tl.pointer_type(tl.uint8))
+        src = tl.load(meta).to(tl.pointer_type(tl.float32))
+    else:
+        src = tl.load(meta).to(tl.pointer_type(tl.uint8))
+    return src
 
 
 @triton.jit
