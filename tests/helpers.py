@@ -109,6 +109,25 @@ def falls_back_identically(ds, reason_part: str, **kw) -> dict:
     return rep
 
 
+def compile_for_a_gpu(kernel, signature: dict, constants: dict) -> None:
+    """Triton's front end (Python to its IR, where types are checked) for an sm_90 target; no
+    GPU needed. Raises what a first launch on a GPU would."""
+    import pytest
+    from triton._C.libtriton import ir
+    pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({"num_warps": 4, "enable_fp_fusion": False})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    source = ASTSource(kernel, {**signature, **{name: "constexpr" for name in constants}}, constants)
+    source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+
+
 def in_tritons_interpreter(test_file: str) -> dict:
     """Run ``test_file`` as a script (its ``__main__`` prints one JSON line) in Triton's
     interpreter on the CPU, in a subprocess so that no other test sees an interpreted kernel."""

@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from helpers import image_folder, in_tritons_interpreter, last_report, load_all, recording_off
+from helpers import compile_for_a_gpu, image_folder, in_tritons_interpreter, last_report, load_all, recording_off
 from photos import photographs
 from PIL import Image, ImageFilter
 
@@ -44,10 +44,10 @@ def test_pillow_blur_equals_pillow_every_pixel(gaussian, size, mode):
 
 
 def blur_differences(device: str) -> dict:
-    """The Triton box-pass kernel (called directly, as ``pillow_blur`` calls it where Triton runs)
+    """The Triton box-pass kernel (through ``triton_blur``, as ``pillow_blur`` calls it where Triton runs)
     against Pillow: a batch of photograph crops, each with its own radius, both blurs, RGB."""
     from dali_autoproxy.backends.torch_stage import _triton_blur
-    from dali_autoproxy.backends.torch_stage.pillow_filters import _triton_pass, box_weights, gaussian_box_radius
+    from dali_autoproxy.backends.torch_stage.pillow_filters import gaussian_box_radius, triton_blur
     photo = Image.fromarray(photographs()[2])
     different, n = 0, 0
     for gaussian in (True, False):
@@ -58,9 +58,7 @@ def blur_differences(device: str) -> dict:
             passes = 3 if gaussian else 1
             if gaussian:
                 rx, ry = gaussian_box_radius(rx, passes), gaussian_box_radius(ry, passes)
-            for radius, along in ((rx, 3), (ry, 2)):
-                for _ in range(passes):
-                    x = _triton_pass(_triton_blur.box_pass_axis, x, box_weights(radius), along)
+            x = triton_blur(_triton_blur.box_pass_axis, x, rx, ry, passes)
             for k, crop in enumerate(crops):
                 radius = (float(RADII[k]), float(RADII[::-1][k]))
                 pil = ImageFilter.GaussianBlur(radius) if gaussian else ImageFilter.BoxBlur(radius)
@@ -69,6 +67,17 @@ def blur_differences(device: str) -> dict:
                 different += int(not np.array_equal(got, want))
                 n += 1
     return {"samples": n, "different_from_pillow": different}
+
+
+def test_triton_blur_kernel_compiles_for_a_gpu():
+    """The blur kernel as the stage launches it (its weights int64 rows of one device copy)
+    type-checks in Triton's compiler; the interpreter checks no types."""
+    from dali_autoproxy.backends.torch_stage import _triton_blur
+    compile_for_a_gpu(_triton_blur.box_pass_axis,
+                      {"src": "*fp32", "dst": "*fp32", "whole": "*i64", "ww": "*i64", "fw": "*i64",
+                       **{name: "i32" for name in ("n", "n_across", "C", "s_b", "s_c", "s_along", "s_across",
+                                                   "d_b", "d_c", "d_along", "d_across")}},
+                      {"BLOCK_O": 32, "BLOCK_A": 32})
 
 
 def test_triton_blur_kernel_in_tritons_interpreter_equals_pillow():

@@ -12,7 +12,7 @@ import torch
 import torchvision
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
-from helpers import in_tritons_interpreter, last_report, load_all
+from helpers import compile_for_a_gpu, in_tritons_interpreter, last_report, load_all
 from photos import make_photo_folder, photographs
 from PIL import Image
 
@@ -349,23 +349,6 @@ COMPUTED_CASES = {where: {case: {"samples": 6 * n, "different_from_pillow": 0}
                   for where, n in (("interpreter", 3), ("gpu", 30))}
 
 
-def _compile_for_a_gpu(kernel, signature: dict, constants: dict) -> None:
-    """Triton's front end (Python to its IR, where types are checked) for an sm_90 target; no
-    GPU needed. Raises what a first launch on a GPU would."""
-    from triton._C.libtriton import ir
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.compiler.compiler import make_backend
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    options = backend.parse_options({"num_warps": 4, "enable_fp_fusion": False})
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    source = ASTSource(kernel, {**signature, **{name: "constexpr" for name in constants}}, constants)
-    source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
-
-
 def test_resample_kernels_compile_for_a_gpu_in_every_variant():
     """Every constexpr variant the stage launches type-checks in Triton's compiler (the interpreter
     checks no types: a float32 source once compiled nowhere but on a GPU, at its first batch)."""
@@ -386,7 +369,7 @@ def test_resample_kernels_compile_for_a_gpu_in_every_variant():
             for p, windowed in itertools.product((0, 1), (False, True))]
         for kernel, constants in variants:
             try:
-                _compile_for_a_gpu(kernel, args, constants)
+                compile_for_a_gpu(kernel, args, constants)
             except Exception as exc:  # the compiler's error names the line; keep the variant and the cause
                 cause = exc.__cause__ or exc
                 failed.append((kernel.fn.__name__, constants, f"{type(cause).__name__}: {cause}"[-300:]))

@@ -51,18 +51,29 @@ def box_pass(x: torch.Tensor, whole: np.ndarray, ww: np.ndarray, fw: np.ndarray)
     return (acc * ww_t + far * fw_t + (1 << 23)) >> 24
 
 
-def _triton_pass(kernel, x: torch.Tensor, weights, along: int) -> torch.Tensor:
-    """One box pass along axis ``along`` (3: along rows, 2: along columns) of float32 x [B, C, H, W]."""
+def _triton_pass(kernel, x: torch.Tensor, weights: torch.Tensor, along: int) -> torch.Tensor:
+    """One box pass along axis ``along`` (3: along rows, 2: along columns) of float32 x [B, C, H, W];
+    ``weights``: int64 [3, B] on x's device, each sample's integer radius and two weights."""
     b, c = x.shape[0], x.shape[1]
     n, n_across = x.shape[along], x.shape[5 - along]
-    whole, ww, fw = (upload(np.ascontiguousarray(v, dtype=t), x.device)
-                     for v, t in zip(weights, (np.int32, np.int64, np.int64)))
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     s, d = x.stride(), out.stride()
     grid = (b * c, (n + 31) // 32, (n_across + 31) // 32)
-    kernel[grid](x, out, whole, ww, fw, n, n_across, c, s[0], s[1], s[along], s[5 - along],
+    kernel[grid](x, out, weights[0], weights[1], weights[2], n, n_across, c, s[0], s[1], s[along], s[5 - along],
                  d[0], d[1], d[along], d[5 - along], BLOCK_O=32, BLOCK_A=32, num_warps=4)
     return out
+
+
+def triton_blur(kernel, x: torch.Tensor, rx: np.ndarray, ry: np.ndarray, passes: int) -> torch.Tensor:
+    """float32 x [B, C, H, W] blurred by ``passes`` box passes along the rows (each sample's box
+    radius ``rx``), then as many along the columns (``ry``), one kernel launch per pass."""
+    # both axes' radii and weights in one copy to the device (a copy costs more host time than a
+    # pass's launch): [axis, (radius, inner weight, edge weight), sample]
+    weights = upload(np.stack([np.stack(box_weights(r)) for r in (rx, ry)]), x.device)
+    for axis_weights, along in zip(weights, (3, 2)):
+        for _ in range(passes):
+            x = _triton_pass(kernel, x, axis_weights, along)
+    return x
 
 
 def _triton_kernel(x: torch.Tensor):
@@ -89,12 +100,7 @@ def pillow_blur(x: torch.Tensor, x_radius: np.ndarray, y_radius: np.ndarray, pas
     kernel = _triton_kernel(x)
     if kernel is not None:
         try:
-            out = x.to(torch.float32)
-            for radius, along in ((rx, 3), (ry, 2)):
-                weights = box_weights(radius)
-                for _ in range(passes):
-                    out = _triton_pass(kernel, out, weights, along)
-            return out.to(x.dtype)
+            return triton_blur(kernel, x.to(torch.float32), rx, ry, passes).to(x.dtype)
         except Exception as e:  # noqa: BLE001 - a build or launch failure must not stop training
             from dali_autoproxy.backends.torch_stage import fused_color
             fused_color.disable(f"the Triton blur kernel failed ({type(e).__name__}: {e})")
