@@ -270,6 +270,8 @@ def _crop(x: torch.Tensor, op: Crop, batch: Batch) -> torch.Tensor:
 
 SLICED_CROP_PIXELS = 1 << 20  # crops to boxes this large (a canvas) are copied sample by sample: the
 # per-sample launches are small beside the copies, and the gather's index tensors and passes are not
+SLICED_CROP_SAMPLES = 4  # so are batches this small: two copies per sample launch fewer kernels, and
+# cost the stage's thread less host time, than the gather's dozen ops and its copy of the boxes
 
 
 def crop_boxes(x: torch.Tensor, boxes: np.ndarray, fill: Tuple[float, ...], batch: Batch) -> torch.Tensor:
@@ -282,7 +284,8 @@ def crop_boxes(x: torch.Tensor, boxes: np.ndarray, fill: Tuple[float, ...], batc
     values = [float(v) for v in fill]
     fill = constant(values if len(values) == c else values[:1] * c, dev, x.dtype).view(-1)
     batch.sizes = boxes[:, 2:4]
-    if out_h * out_w >= SLICED_CROP_PIXELS:  # a canvas (RandomZoomOut): copies, not a gather
+    if out_h * out_w >= SLICED_CROP_PIXELS or n <= SLICED_CROP_SAMPLES:  # a canvas (RandomZoomOut), a few
+        # samples (detection and segmentation train at 2-8 per GPU): copies, not a gather
         return _crop_by_slices(x, boxes, sizes, fill, out_h, out_w)
     top, left, height, width, valid_h, valid_w = (v.view(n, 1) for v in upload(
         np.concatenate([boxes, sizes], 1), dev).unbind(1))  # the masks are made on the device from these
