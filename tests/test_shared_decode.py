@@ -77,6 +77,20 @@ def test_views_of_one_image_decode_it_once_equal_to_plain(photo_root, shared):
     assert rep["dali_decodes"] == (images if shared == "on" else 5 * images), rep
 
 
+def test_a_multi_view_loader_builds_only_the_pipelines_it_runs(photo_root, monkeypatch):
+    """Three plans, their views run as one pipeline: one pipeline before the workers start (DALI
+    proven able to build one), the views' when their first batch comes; none per view that no
+    batch would run (each build is the first batch's time and device memory)."""
+    from dali_autoproxy.backends.dali import runner
+    built = []
+    real = runner.DaliRunner._build
+    monkeypatch.setattr(runner.DaliRunner, "_build", lambda self: built.append(self.input_kind) or real(self))
+    ds = image_folder(photo_root, MultiView(_views()))
+    ref, out = _runs(ds, "on")
+    _assert_equal(ref, out)
+    assert sorted(built) == ["encoded", "shared"], built
+
+
 def test_the_same_views_twice_in_a_sample(photo_root):
     """A sample holding the same view tensors at two places (DINOv2's teacher crops)."""
     ds = image_folder(photo_root, MultiView(_views()[:2], repeat_first=True))

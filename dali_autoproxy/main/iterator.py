@@ -67,8 +67,11 @@ class CountedIterator(wrapt.ObjectProxy):
 
 
 def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Options) -> Any:
-    """The DataLoader's ``_get_iterator``, proxied when the decision says so. DALI pipelines are
-    built before any worker starts, so a failure there is a clean fallback."""
+    """The DataLoader's ``_get_iterator``, proxied when the decision says so. One DALI pipeline is
+    built before any worker starts, so a DALI that cannot build one is a clean fallback; the
+    others come with their first batch (a multi-view recipe's views run as one pipeline that
+    decodes each image once, and pipelines of their plans alone would never run: each build
+    costs the first batch its time and holds device memory)."""
     try:
         decision = decide(loader, options)
         state.update(decision, options)
@@ -77,7 +80,7 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
                 state.check_strict()
             return CountedIterator(wrapped(), state.record, loader._auto_collation)
         batch_size = max_batch_size(loader)
-        for plan in decision.plans.values():
+        for plan in list(decision.plans.values())[:1]:
             kind = RAW if plan.worker_prefix else ENCODED
             runner = state.take_runner(plan.key, kind, batch_size, decision.device, options.lookahead,
                                        options.hw_decoder_load)
