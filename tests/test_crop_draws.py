@@ -59,7 +59,60 @@ def test_the_coin_compares_in_float32_as_torch_does(monkeypatch):
     for p in (0.1, 0.3, 1 / 3, 0.7000000000000001, 0.9):
         p32 = np.float32(p)
         for u in (np.nextafter(p32, np.float32(0)), p32, np.nextafter(p32, np.float32(1))):
+            monkeypatch.setattr(crop_draws, "copies_hold", lambda: True)  # the copy itself, its input set
             monkeypatch.setattr(crop_draws, "uniform", lambda u=u: float(u))
             g = SampleGeometry(4, 4)
             coin_drawer(p)(g)
             assert g.params == [int(bool(torch.tensor([u], dtype=torch.float32) < p))], (p, u)
+
+
+def test_the_copies_are_checked_against_the_installed_torchvision():
+    from dali_autoproxy.plan.translate import crop_draws
+    crop_draws.same_as_torchvision.cache_clear()
+    state = torch.get_rng_state()
+    assert crop_draws.same_as_torchvision()
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's generator where it was
+
+
+class _OwnBox(T.RandomResizedCrop):
+    """A subclass drawing its own box (a fixed-size crop at a random place)."""
+
+    @staticmethod
+    def get_params(img, scale, ratio):
+        _, height, width = img.shape[-3:] if isinstance(img, torch.Tensor) else (3, img.height, img.width)
+        return int(torch.randint(0, height // 2 + 1, (1,))), int(torch.randint(0, width // 2 + 1, (1,))), \
+            height // 2, width // 2
+
+
+def _changed_get_params(original):
+    def get_params(img, scale, ratio):  # a release that draws one more number first
+        torch.rand(1)
+        return original(img, scale, ratio)
+    return staticmethod(get_params)
+
+
+@pytest.mark.parametrize("case", ["a subclass's own get_params", "a torchvision that draws otherwise"])
+def test_draws_that_are_not_the_copies_run_torchvisions_own(photo_root, monkeypatch, case):
+    """Where the copied draws would not be the installed code's (a subclass overrides
+    get_params; torchvision's own changed), the plan calls that code: every batch equal to plain."""
+    from helpers import image_folder, last_report, load_all
+
+    from dali_autoproxy.plan.translate import crop_draws
+    crop = T.RandomResizedCrop
+    if case != "a subclass's own get_params":
+        monkeypatch.setattr(T.RandomResizedCrop, "get_params", _changed_get_params(T.RandomResizedCrop.get_params))
+        crop_draws.same_as_torchvision.cache_clear()
+        monkeypatch.setattr(crop_draws, "_warned", [])
+    else:
+        crop = _OwnBox
+    try:
+        ds = image_folder(photo_root, T.Compose([crop(40), T.RandomHorizontalFlip(), T.PILToTensor()]))
+        ref = load_all(ds, autoproxy=False)
+        out = load_all(ds, autoproxy=True, resize="pillow", strict=True)
+        assert last_report()["decode"] == "DALI 100%"
+        assert len(ref) == len(out) and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                                            for a, b in zip(ref, out))
+        assert crop_draws.same_as_torchvision() == (case == "a subclass's own get_params")
+    finally:
+        monkeypatch.undo()
+        crop_draws.same_as_torchvision.cache_clear()

@@ -8,14 +8,21 @@ tensors (``uniform_``, ``exp_``, ``random_``: the operations those functions are
 same default generator), so every value and every generator step is torchvision's
 (``tests/test_crop_draws.py`` compares them over many draws and image sizes); the logarithms of
 the ratio are taken once, as float32, as torchvision takes them.
+
+A copy is only as good as the original it copies: ``same_as_torchvision()`` draws with both, from
+the same generator states, once per process, and where the installed torchvision draws otherwise
+(a release changed its code) the drawers call torchvision's own functions instead, with a warning.
 """
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from typing import Sequence, Tuple
 
 import torch
+
+from dali_autoproxy.config import logger
 
 
 class _Buffers(threading.local):
@@ -63,3 +70,61 @@ def resized_crop_box(height: int, width: int, scale: Sequence[float], ratio: Seq
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
+
+
+# image sizes and settings that take every branch: a box found, the central crop on either side
+_PROBES = [((375, 500), (0.08, 1.0), (3 / 4, 4 / 3)), ((2, 900), (0.08, 1.0), (3 / 4, 4 / 3)),
+           ((900, 3), (0.9, 1.0), (1.0, 1.0)), ((17, 31), (0.05, 0.4), (0.5, 2.0)),
+           ((1, 1), (0.08, 1.0), (3 / 4, 4 / 3))]
+
+
+@functools.lru_cache(maxsize=None)
+def same_as_torchvision() -> bool:
+    """Whether these draws are still the installed torchvision's: v1's ``get_params``, v2's
+    parameter method and a ``torch.rand(1)`` coin, from the same seeds, give the same values and
+    leave the generator in the same state. The caller's generator state is kept."""
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+    saved = torch.get_rng_state()
+    try:
+        for seed in range(8):
+            for (height, width), scale, ratio in _PROBES:
+                image = torch.empty(1, dtype=torch.uint8).expand(3, height, width)
+                t2 = v2.RandomResizedCrop(8, scale=scale, ratio=ratio)
+                v2_params = getattr(t2, "make_params", None) or getattr(t2, "_get_params")
+                ours = []
+                for theirs in (lambda: T.RandomResizedCrop.get_params(image, scale, ratio),
+                               lambda: _box_of(v2_params([image]))):
+                    torch.manual_seed(seed)
+                    want = tuple(int(v) for v in theirs())
+                    want_next = torch.rand(1)
+                    torch.manual_seed(seed)
+                    got = resized_crop_box(height, width, scale, ratio, log_ratio(ratio))
+                    ours.append(got == want and torch.equal(torch.rand(1), want_next))
+                torch.manual_seed(seed)
+                coins = [float(torch.rand(1)) for _ in range(4)]
+                torch.manual_seed(seed)
+                if not all(ours) or coins != [uniform() for _ in range(4)]:
+                    return False
+        return True
+    except Exception:  # a signature that moved is a change too
+        return False
+    finally:
+        torch.set_rng_state(saved)
+
+
+def _box_of(params: dict) -> tuple:
+    return params["top"], params["left"], params["height"], params["width"]
+
+
+def copies_hold() -> bool:
+    """``same_as_torchvision()``, said once at WARNING where it is not."""
+    same = same_as_torchvision()
+    if not same and not _warned:
+        _warned.append(True)
+        logger.warning("dali_autoproxy: this torchvision draws RandomResizedCrop's box or a coin otherwise than "
+                       "the copies made for speed; its own functions make every draw (slower, the same values)")
+    return same
+
+
+_warned: list = []

@@ -15,7 +15,7 @@ from torchvision.transforms import InterpolationMode
 
 from dali_autoproxy.plan.ir import PILLOW_FILTERS, Crop, Flip, PillowResize, Resize, Unsupported
 from dali_autoproxy.plan.steps import ChainState, SampleGeometry, Step
-from dali_autoproxy.plan.translate.crop_draws import log_ratio, resized_crop_box
+from dali_autoproxy.plan.translate.crop_draws import copies_hold, log_ratio, resized_crop_box
 from dali_autoproxy.plan.translate.registry import coin_drawer, register, transform_name, v2_params
 
 
@@ -133,6 +133,18 @@ def random_resized_crop(t, state: ChainState, alloc) -> Step:
     slot = alloc(Crop)
     v2_own = isinstance(t, v2.RandomResizedCrop) and v2_params(t).__func__ is v2_params(_V2_RRC).__func__
     if isinstance(t, v2.Transform) and not v2_own:
+        params = v2_params(t)
+
+        def box(g: SampleGeometry):
+            p = params([g.standin()])
+            return p["top"], p["left"], p["height"], p["width"]
+    elif isinstance(t, T.RandomResizedCrop) and (type(t).get_params is not T.RandomResizedCrop.get_params
+                                                 or not copies_hold()):
+        get_params, scale, ratio = type(t).get_params, t.scale, t.ratio  # a subclass's own, or a changed one
+
+        def box(g: SampleGeometry):
+            return tuple(int(v) for v in get_params(g.standin(), scale, ratio))
+    elif not copies_hold():
         params = v2_params(t)
 
         def box(g: SampleGeometry):

@@ -20,6 +20,7 @@ import textwrap
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
+import torch
 
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.steps import ChainState, Step
@@ -218,9 +219,13 @@ def coin_drawer(p: float):
     outcome); appends the 0/1 decision to the sample's params. The draw is ``uniform_(0, 1)`` on
     a reused tensor (what ``torch.rand`` is made of) and the comparison torch's: the float32
     value against ``p`` rounded to float32, as a tensor compared with a Python number is."""
-    from dali_autoproxy.plan.translate.crop_draws import uniform
+    from dali_autoproxy.plan.translate.crop_draws import copies_hold, uniform
 
     threshold = float(np.float32(p))
+    if not copies_hold():  # torch draws otherwise than the copy: its own call
+        def draw_own(g) -> None:
+            g.params.append(int(bool(torch.rand(1) < p)))
+        return draw_own
 
     def draw(g) -> None:
         g.params.append(int(uniform() < threshold))  # the op's "apply", the next value in the row
