@@ -9,6 +9,7 @@ DataLoader, no chain, no option.
 """
 from __future__ import annotations
 
+import logging
 import re
 import sys
 import threading
@@ -16,8 +17,22 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import wrapt
 
-# the oldest versions the patches and the plans are written against (module: (major, minor))
-SUPPORTED: Dict[str, Tuple[int, int]] = {"torch": (2, 0), "torchvision": (0, 15), "nvidia.dali": (1, 40)}
+# per library (module: (major, minor)): the oldest version the patches and plans are written
+# against, and the newest the tests ran on. Older: not patched. Newer: patched where the private
+# internals below are still there, with one warning that it is untested.
+SUPPORTED: Dict[str, Tuple[int, int]] = {"torch": (2, 0), "torchvision": (0, 15), "nvidia.dali": (1, 40),
+                                         "PIL": (9, 1), "timm": (0, 9)}
+TESTED: Dict[str, Tuple[int, int]] = {"torch": (2, 14), "torchvision": (0, 29), "nvidia.dali": (2, 4),
+                                      "PIL": (13, 0), "timm": (1, 0)}
+# the private internals of a library that every proxied loader stands on, by dotted name: a
+# release that moved one is not patched (plain torchvision runs, with the reason), whatever its
+# version says. (torchvision's, which single transforms use, are looked up when a chain is
+# translated: plan/tv_internals.py; a chain whose internals moved runs as written.)
+PRIVATE_INTERNALS: Dict[str, List[str]] = {
+    "torch": ["torch.utils.data._utils.fetch._MapDatasetFetcher.fetch",
+              "torch.utils.data.dataloader.DataLoader._get_iterator",
+              "torch.utils.data._utils.pin_memory.pin_memory"],
+}
 
 _MISSING = object()
 
@@ -39,7 +54,36 @@ def unsupported(module_name: str, version: Optional[str] = None) -> Optional[str
     least = SUPPORTED[module_name]
     if version_tuple(version) < least:
         return f"{module_name} {version} is older than the oldest supported, {least[0]}.{least[1]}"
+    moved = [name for name in PRIVATE_INTERNALS.get(module_name, ()) if _resolve(name) is _MISSING]
+    if moved:
+        return f"{module_name} {version} has no {moved[0]}, which the package relies on"
+    newest = TESTED[module_name]
+    if version_tuple(version) > newest and module_name not in _warned_untested:
+        _warned_untested.add(module_name)
+        logging.getLogger("dali_autoproxy").warning(
+            "dali_autoproxy: %s %s is newer than the newest tested, %d.%d; it runs, its internals being where they "
+            "were: compare with `python -m dali_autoproxy ab`", module_name, version, *newest)
     return None
+
+
+_warned_untested: set = set()
+
+
+def _resolve(dotted: str) -> Any:
+    """The object a dotted name names (a module's attribute, nested), or _MISSING."""
+    import importlib
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name, _MISSING)
+            if obj is _MISSING:
+                break
+        return obj
+    return _MISSING
 
 
 class PatchLedger:

@@ -1,4 +1,6 @@
 """Loader behaviour with autoproxy: patching, DataLoader options, fallbacks, report."""
+import contextlib
+import logging
 import pickle
 import subprocess
 import sys
@@ -40,7 +42,7 @@ def test_enable_twice_and_disable_restore_the_class():
         assert dl.__dict__[k] is v
 
 
-def test_an_unsupported_torch_is_not_patched(monkeypatch, caplog):
+def test_an_unsupported_torch_is_not_patched(monkeypatch):
     """The versions the patches are written against are checked before anything is patched."""
     from dali_autoproxy.patches import SUPPORTED, unsupported
     assert unsupported("torch", "1.13.1") and unsupported("torchvision", "0.14.0")
@@ -49,10 +51,59 @@ def test_an_unsupported_torch_is_not_patched(monkeypatch, caplog):
     dl = torch.utils.data.dataloader.DataLoader
     original = dl.__dict__["_get_iterator"]
     try:
-        with caplog.at_level("WARNING", logger="dali_autoproxy"):
+        with _warnings() as said:
             dali_autoproxy.enable(device="cpu")
         assert dl.__dict__["_get_iterator"] is original and ledger.patched() == []
-        assert f"torch 1.13.1 is older than the oldest supported, {SUPPORTED['torch'][0]}.0" in caplog.text
+        assert f"torch 1.13.1 is older than the oldest supported, {SUPPORTED['torch'][0]}.0" in " ".join(said)
+    finally:
+        dali_autoproxy.disable()
+
+
+@contextlib.contextmanager
+def _warnings():
+    """The package logger's WARNING messages while the block runs (whatever its propagation)."""
+    said: list = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+    handler = Keep(logging.WARNING)
+    log = logging.getLogger("dali_autoproxy")
+    log.addHandler(handler)
+    try:
+        yield said
+    finally:
+        log.removeHandler(handler)
+
+
+def test_a_newer_torch_than_tested_is_patched_with_one_warning(monkeypatch):
+    from dali_autoproxy import patches
+    monkeypatch.setattr(torch, "__version__", "9.1.0")
+    monkeypatch.setattr(patches, "_warned_untested", set())
+    try:
+        with _warnings() as said:
+            dali_autoproxy.enable(device="cpu")
+            dali_autoproxy.disable()
+            dali_autoproxy.enable(device="cpu")
+            assert "torch.utils.data.dataloader.DataLoader._get_iterator" in " ".join(ledger.patched())
+        newest = "%d.%d" % patches.TESTED["torch"]
+        assert " ".join(said).count(f"torch 9.1.0 is newer than the newest tested, {newest}") == 1
+    finally:
+        dali_autoproxy.disable()
+
+
+def test_a_torch_whose_internals_moved_is_not_patched(monkeypatch):
+    """Whatever its version says: a private function the package relies on is gone, so nothing is
+    patched and the loader is plain torchvision's, the reason logged."""
+    from dali_autoproxy import patches
+    monkeypatch.setitem(patches.PRIVATE_INTERNALS, "torch",
+                        patches.PRIVATE_INTERNALS["torch"] + ["torch.utils.data.dataloader.DataLoader._moved_away"])
+    try:
+        with _warnings() as said:
+            dali_autoproxy.enable(device="cpu")
+        assert ledger.patched() == []
+        moved = "has no torch.utils.data.dataloader.DataLoader._moved_away, which the package relies on"
+        assert moved in " ".join(said)
     finally:
         dali_autoproxy.disable()
 

@@ -77,7 +77,7 @@ class DataLoaderHooks:
         with self._lock:
             if not self.active:  # hook fired after disable()
                 return
-            why = unsupported("torch") or unsupported("torchvision")
+            why = unsupported("torch") or unsupported("torchvision") or unsupported("PIL") or unsupported("timm")
             if why:
                 logger.warning("dali_autoproxy: not enabled: %s", why)
                 return
