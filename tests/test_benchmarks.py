@@ -182,3 +182,23 @@ def test_the_timing_window_excludes_the_queued_work():
     naive = measured(1, 0)
     assert 0.85 * true_per_batch < steady < 1.3 * true_per_batch, (steady, true_per_batch)
     assert naive < 0.9 * steady, (naive, steady)
+
+
+def test_recipes_steady_runs_both_arms_over_two_epochs(tmp_path):
+    """The steady-state recipes benchmark: each arm in its own process, two epochs, the rows the
+    results file promises, with the commit measured and the method."""
+    out = tmp_path / "recipes.json"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "recipes_steady.py"), "--coco", str(tmp_path / "coco"),
+           "--corpus", str(tmp_path / "c"), "--images", "48", "--plain-images", "32", "--train-samples", "1024",
+           "--arms", "segmentation:2:2", "train:16:2", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    data = json.loads(out.read_text())
+    assert data["commit"] and "second epoch" in data["method"]
+    rows = {(r["recipe"], r["mode"]): r for r in data["results"]}
+    assert set(rows) == {(r, m) for r in ("segmentation", "train") for m in ("torchvision", "autoproxy")}
+    for r in rows.values():
+        assert {"recipe", "mode", "workers", "batch", "samples_per_s"} <= set(r) and len(r["epoch_samples_per_s"]) == 2
+        assert r["samples_per_s"] > 0
+    assert rows[("segmentation", "autoproxy")]["proxied"] and rows[("train", "autoproxy")]["decode"] == "DALI 100%"
+    assert "| segmentation | 2 | 2 |" in (tmp_path / "recipes.md").read_text()
