@@ -72,6 +72,7 @@ def blur_differences(device: str) -> dict:
 def test_triton_blur_kernel_compiles_for_a_gpu():
     """The blur kernel as the stage launches it (its weights int64 rows of one device copy)
     type-checks in Triton's compiler; the interpreter checks no types."""
+    pytest.importorskip("triton")
     from dali_autoproxy.backends.torch_stage import _triton_blur
     compile_for_a_gpu(_triton_blur.box_pass_axis,
                       {"src": "*fp32", "dst": "*fp32", "whole": "*i64", "ww": "*i64", "fw": "*i64",
