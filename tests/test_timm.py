@@ -64,6 +64,103 @@ def _drawn_rows(tf, n):
     return [plan.draw(300, 400) for _ in range(n)]
 
 
+ERASING_DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+def _erasing_runs(photo_root, device, mode, count, probability, resize="pillow"):
+    """Plain and autoproxied batches of timm's train transform with RandomErasing (its
+    non-prefetcher place: after Normalize, device='cpu')."""
+    tf = timm_data.create_transform(96, is_training=True, re_prob=probability, re_mode=mode, re_count=count)
+    assert type(tf.transforms[-1]).__name__ == "RandomErasing"
+    ds = image_folder(photo_root, tf)
+    ref = load_all(ds, autoproxy=False, shuffle=True, seed=3)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=3, device=device, resize=resize, strict=True)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%" and rep["dali_transforms"][-1] == "RandomErasing", rep
+    return ref, [(x.cpu(), y) for x, y in out]
+
+
+@pytest.mark.parametrize("device", ERASING_DEVICES)
+@pytest.mark.parametrize("mode,count,probability", [("const", 1, 0.25), ("const", 3, 0.9), ("rand", 1, 0.25),
+                                                    ("rand", 3, 0.9)])
+def test_timm_random_erasing_runs_on_dali_with_timms_boxes_and_values(photo_root, device, mode, count, probability):
+    """Boxes drawn as timm draws them (Python's random, up to ``count`` per image, each its own
+    area share); ``const`` zeros, ``rand`` each box's own values from timm's ``normal_()``."""
+    ref, out = _erasing_runs(photo_root, device, mode, count, probability)
+    if device == "cpu":
+        for (a, la), (b, lb) in zip(ref, out):
+            assert torch.equal(la, lb) and torch.allclose(a, b, rtol=0, atol=1e-5)  # every value
+    else:
+        compare(ref, out, mae_max=1.5, psnr_min=36.0)
+        erased = [float((a == b).float().mean()) for (a, _), (b, _) in zip(ref, out)]
+        assert min(erased) > 0  # the fills where plain's are (the decode differs elsewhere)
+
+
+@pytest.mark.parametrize("device", ERASING_DEVICES)
+def test_timm_random_erasing_pixel_noise_fills_timms_boxes_with_standard_normal_noise(photo_root, device):
+    """``pixel`` mode: the box is plain's, its noise is drawn where the op runs (not timm's
+    values, its distribution), and a seeded run repeats itself."""
+    ref, out = _erasing_runs(photo_root, device, "pixel", 1, 1.0)
+    _, again = _erasing_runs(photo_root, device, "pixel", 1, 1.0)
+    noise, boxes = [], 0
+    for (a, _), (b, _), (c, _) in zip(ref, out, again):
+        assert torch.equal(b, c)
+        for plain, ours in zip(a, b):
+            differs = (plain - ours).abs() > (1e-5 if device == "cpu" else 0.5)
+            if not differs.any():
+                continue
+            rows, cols = differs.any(0).any(1).nonzero(), differs.any(0).any(0).nonzero()
+            top, left, bottom, right = int(rows.min()), int(cols.min()), int(rows.max()) + 1, int(cols.max()) + 1
+            box = ours[:, top:bottom, left:right]
+            if device == "cpu":  # one box, its values new (two noises may meet within 1e-5), nothing outside
+                assert int(differs.sum()) >= box.numel() - 2
+            noise.append(box.reshape(-1))
+            boxes += 1
+    assert boxes >= len(out) * len(out[0][0]) // 2
+    values = torch.cat(noise).double()
+    assert values.numel() > 20_000
+    assert abs(float(values.mean())) < 0.03 and abs(float(values.std()) - 1) < 0.03
+    within = float((values.abs() < 1).double().mean())
+    assert abs(within - 0.6827) < 0.01  # the share of a standard normal within one sigma
+
+
+@pytest.mark.parametrize("device", ERASING_DEVICES)
+def test_timm_rand_augment_runs_on_dali_solarize_add_included(photo_root, device):
+    """timm's RandAugment (its PIL ops recorded), and its solarize_add look-up table alone:
+    every pixel plain's on the CPU backend, the report's chain listed once."""
+    from timm.data.auto_augment import AugmentOp
+    solarize_add = T.Compose([T.RandomResizedCrop(64), AugmentOp("SolarizeAdd", prob=1.0, magnitude=9),
+                              T.PILToTensor()])
+    rand_augment = timm_data.create_transform(96, is_training=True, auto_augment="rand-m9-n3-inc1",
+                                              color_jitter=None)
+    for tf in (solarize_add, rand_augment):
+        ds = image_folder(photo_root, tf)
+        ref = load_all(ds, autoproxy=False, shuffle=True, seed=8)
+        out = load_all(ds, autoproxy=True, shuffle=True, seed=8, device=device, resize="pillow", strict=True)
+        rep = last_report()
+        assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+        assert rep["dali_transforms"].count("RandomHorizontalFlip") <= 1, rep  # one chain, however many shapes
+        if device == "cpu":
+            for (a, la), (b, lb) in zip(ref, out):
+                assert torch.equal(la, lb) and torch.allclose(a.float(), b.float(), rtol=0, atol=1e-5)
+        else:
+            compare(ref, [(x.cpu(), y) for x, y in out], normalized=tf is rand_augment, mae_max=1.5, psnr_min=36.0)
+
+
+def test_a_solarize_add_table_is_recorded_as_one_call():
+    from timm.data.auto_augment import solarize_add
+
+    from dali_autoproxy.plan.recording import RecordingImage, recording
+    recording.active += 1
+    try:
+        for add, threshold in ((1, 128), (44, 128), (110, 100), (300, 7)):
+            img = solarize_add(RecordingImage((8, 6), "RGB"), add, thresh=threshold)
+            assert img.calls == (("solarize_add", float(min(add, 255)), float(threshold), 0.0),)
+        assert solarize_add(RecordingImage((8, 6), "RGB"), 0).calls == ()  # the identity table
+    finally:
+        recording.active -= 1
+
+
 def test_resize_keep_ratio_says_why():
     from timm.data.transforms import ResizeKeepRatio
     assert "ResizeKeepRatio is not translated" in why_not(T.Compose([ResizeKeepRatio(64), T.ToTensor()]))

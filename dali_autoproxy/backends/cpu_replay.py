@@ -26,6 +26,7 @@ from dali_autoproxy.plan.ir import (
     Blur,
     ColorJitter,
     Crop,
+    DrawnErase,
     Erase,
     FastColorJitter,
     Flip,
@@ -232,6 +233,21 @@ def _erase(img, op: Erase, row, v2_step):
     return F.erase(chw, top, left, h, w, torch.tensor(op.value)[:, None, None])
 
 
+@CPU_KERNELS.register(DrawnErase)
+def _drawn_erase(img, op: DrawnErase, row, v2_step):
+    """The drawn values, or noise from a generator seeded by the sample's seed (torch_stage/tensor.py)."""
+    top, left, h, w = (int(v) for v in row[op.span("top", "width")])
+    if not (h and w):
+        return img
+    channels = img.shape[0]
+    if op.per_pixel:
+        fill = torch.randn((channels, h, w), generator=torch.Generator().manual_seed(int(op.value(row, "seed"))),
+                           dtype=img.dtype)
+    else:
+        fill = torch.tensor([float(v) for v in row[op.span("c0", "c2")]][:channels], dtype=img.dtype)[:, None, None]
+    return F.erase(img, top, left, h, w, fill)
+
+
 @CPU_KERNELS.register(ToFloat)
 def _to_float(img, op: ToFloat, row, v2_step):
     t = F.pil_to_tensor(img) if isinstance(img, Image.Image) else img
@@ -267,6 +283,8 @@ _PILLOW_CALLS = {  # what the user's code called, called again with the same arg
     "invert": lambda img, a, b, c: ImageOps.invert(img),
     "solarize": lambda img, a, b, c: ImageOps.solarize(img, a),
     "posterize": lambda img, a, b, c: img.point([i & int(a) for i in range(256)] * len(img.getbands())),
+    "solarize_add": lambda img, a, b, c: img.point([min(255, i + int(a)) if i < b else i for i in range(256)]
+                                                   * len(img.getbands())),
     "equalize": lambda img, a, b, c: ImageOps.equalize(img),
     "autocontrast": lambda img, a, b, c: ImageOps.autocontrast(img),
     "brightness": lambda img, a, b, c: ImageEnhance.Brightness(img).enhance(a),

@@ -252,6 +252,20 @@ class Erase(Op):
 
 
 @dataclass(frozen=True)
+class DrawnErase(Op):
+    """timm's RandomErasing box ``top``, ``left``, ``height``, ``width`` (height 0: nothing erased)
+    filled with random values: ``per_pixel`` False, each box's own per-channel values ``c0`` ..
+    ``c2``, which the worker drew with timm's own ``normal_()`` (timm's values); True, standard
+    normal noise drawn where the op runs, from a generator seeded by the batch's ``seed``s (the
+    bits of each worker's own first noise value): timm's distribution, not its values."""
+    placement: ClassVar[Placement] = Placement.TORCH
+    params: ClassVar[Tuple[str, ...]] = ("top", "left", "height", "width", "c0", "c1", "c2", "seed")
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (0, 0, 0, 0, 0.0, 0.0, 0.0, 0)
+    slot: int
+    per_pixel: bool = False
+
+
+@dataclass(frozen=True)
 class Warp(Op):
     """Pillow's affine transform (what torchvision's rotate and affine do to PIL images), nearest
     or ``bilinear``: the inverse matrix ``a`` .. ``f`` (Pillow's order), ``fill`` outside the image;

@@ -58,6 +58,7 @@ PILLOW_CALLS = (
     "tv_contrast",     # adjust_contrast
     "tv_saturation",   # adjust_saturation
     "tv_hue",          # adjust_hue
+    "solarize_add",    # point(x + a where x < b, clipped at 255): timm's solarize_add table
 )
 TENSOR_COLOR_CALLS = ("tv_brightness", "tv_contrast", "tv_saturation", "tv_hue")  # in tensor_jitter_kernels' order
 

@@ -339,7 +339,8 @@ class RecordingImage(Image.Image):
 
 
 def classify_table(table: list) -> Optional[Tuple[Any, ...]]:
-    """The recorded call a 256-entry look-up table is (identity, invert, solarize, posterize), or None."""
+    """The recorded call a 256-entry look-up table is (identity, invert, solarize, posterize,
+    timm's solarize_add), or None."""
     levels = range(256)
     if table == list(levels):
         return ("none",)
@@ -352,7 +353,15 @@ def classify_table(table: list) -> Optional[Tuple[Any, ...]]:
         mask = ~(2 ** (8 - bits) - 1) & 0xFF
         if table == [i & mask for i in levels]:
             return ("posterize", mask)
+    add = table[0]
+    if add > 0 and table == [min(255, i + add) if i < threshold_of_add(table) else i for i in levels]:
+        return ("solarize_add", add, threshold_of_add(table))
     return None
+
+
+def threshold_of_add(table: list) -> int:
+    """Where a solarize_add table starts to leave values as they are (256: nowhere)."""
+    return next((i for i in range(256) if table[i] == i), 256)
 
 
 # what planning knows of transforms that were recorded (process-wide; each worker learns its own)

@@ -147,6 +147,7 @@ CALLS: Dict[str, Call] = {
     "invert": lambda x, a, b, c: 255 - x,
     "solarize": lambda x, a, b, c: torch.where(x >= _per_sample(a, x), 255 - x, x),
     "posterize": _posterize,
+    "solarize_add": lambda x, a, b, c: torch.where(x < _per_sample(b, x), (x + _per_sample(a, x)).clamp(max=255), x),
     "equalize": lambda x, a, b, c: equalize(x),
     "autocontrast": lambda x, a, b, c: autocontrast(x),
     "brightness": _blend(0),
@@ -162,8 +163,8 @@ CALLS: Dict[str, Call] = {
 
 
 # calls computed pixel by pixel: on a padded batch (samples of their own sizes) the padding changes nothing
-PER_PIXEL = frozenset(("brightness", "color", "hue", "permute", "invert", "solarize", "posterize", "grayscale",
-                       "keep", "blend_kept", "tv_brightness", "tv_saturation", "tv_hue"))
+PER_PIXEL = frozenset(("brightness", "color", "hue", "permute", "invert", "solarize", "solarize_add", "posterize",
+                       "grayscale", "keep", "blend_kept", "tv_brightness", "tv_saturation", "tv_hue"))
 
 
 def _each_in_its_region(x: torch.Tensor, rows: np.ndarray, sizes: np.ndarray, run: Call, a, b, c) -> torch.Tensor:
