@@ -347,3 +347,32 @@ def test_mixed_formats_in_an_own_dataset(mixed_root):
         "the image reached the transform decoded (the dataset used or made its pixels first)": 2,
         "not an ordinary complete JPEG (DALI decodes those as Pillow does)": 1}, rep
     compare(ref, out)
+
+
+class ChecksTheChainsOutput(PathDataset):
+    """Draws with Python's ``random`` itself and reads the chain's result (a check any dataset
+    may make): a proxied result cannot be read, so the worker runs the fetch again, plain."""
+
+    def __getitem__(self, i):
+        path, label = self.items[i]
+        keep = random.random() < 0.9  # the dataset's own draw, before the chain's
+        img = self.tf(Image.open(path).convert("RGB"))
+        if not torch.isfinite(img.float()).all():
+            raise ValueError("not finite")
+        return img, label * int(keep)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_fetch_run_again_plain_draws_what_plain_draws(photo_root, workers):
+    """The retry starts from the random states the failed attempt started from, Python's
+    included (timm's crop draws with it): every batch is plain's, and no error of the attempt
+    is chained to anything."""
+    from timm.data.transforms import RandomResizedCropAndInterpolation
+    tf = T.Compose([RandomResizedCropAndInterpolation(64), T.RandomHorizontalFlip(), T.PILToTensor()])
+    ds = ChecksTheChainsOutput(photo_root, tf)
+    runs = []
+    for proxied in (False, True):
+        random.seed(4)  # the main process's draws at num_workers=0
+        runs.append(load_all(ds, autoproxy=proxied, shuffle=True, seed=4, num_workers=workers))
+    for (a, la), (b, lb) in zip(*runs):
+        assert torch.equal(la, lb) and torch.equal(a, b)

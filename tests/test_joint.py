@@ -186,6 +186,47 @@ def test_a_mask_of_the_wrong_size_raises_plains_error(coco_root):
     assert errors[0] == errors[1], errors
 
 
+class TensorPresetThatRaises:
+    """The segmentation references' v1 tensor backend's shape (PILToTensor first, then v1's
+    functional ops on tensors, Python's ``random``) raising on some samples only: whether it
+    raises depends on the draws before it."""
+
+    def __call__(self, image, target):
+        import random
+
+        import numpy as np
+        import torchvision.transforms.functional as F
+        image = F.pil_to_tensor(image)
+        target = torch.as_tensor(np.array(target), dtype=torch.int64)
+        size = random.randint(80, 320)
+        image = F.resize(image, size)
+        target = F.resize(target[None], size, interpolation=F.InterpolationMode.NEAREST)[0]
+        if random.random() < 0.5:
+            image, target = F.hflip(image), F.hflip(target)
+        if image.shape[-1] > 400:
+            raise ValueError(f"too wide: {list(image.shape[-2:])}")
+        image, target = F.center_crop(image, 128), F.center_crop(target, 128)
+        return F.convert_image_dtype(image, torch.float), target
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_transform_that_raises_on_some_samples_raises_plains_error_at_plains_sample(tmp_path, workers):
+    """The error plain raises, on the same sample (its message names the size the draws made),
+    with plain's traceback: nothing of ours chained to it."""
+    import random
+    import traceback
+    ds = VOCSegmentation(make_voc(str(tmp_path), n=16), image_set="train", transforms=TensorPresetThatRaises())
+    said = []
+    for proxied in (False, True):
+        random.seed(0)  # the main process's draws at num_workers=0
+        with pytest.raises(ValueError) as info:
+            load_all(ds, autoproxy=proxied, batch_size=2, num_workers=workers, shuffle=True, seed=0, device="cpu")
+        text = "".join(traceback.format_exception(info.value))
+        assert "During handling" not in text and 'raise ValueError(f"too wide' in text, text  # the raising line
+        said.append(str(info.value).splitlines()[-1])
+    assert said[0] == said[1] and "too wide" in said[0], said
+
+
 def test_a_joint_chain_that_needs_pixels_runs_as_written_and_says_why(coco_root):
     """A bicubic resize of a tensor (torch's bicubic arithmetic, up to several levels from
     Pillow's) is not recorded: the chain runs in the worker (plain's results) and the report says

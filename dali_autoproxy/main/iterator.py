@@ -12,7 +12,10 @@ loader's DALI runners, and hands each batch over once its tensors are back, in o
 from __future__ import annotations
 
 import collections
+import os
 import time
+import traceback
+import types
 import weakref
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -106,6 +109,31 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
     finally:
         loader.worker_init_fn, loader.collate_fn = user_init, user_collate
     return ProxiedIterator(inner, loader, state, decision, options)
+
+
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _raised_here(exc: BaseException) -> BaseException:
+    """An error of this process's fetch (``num_workers=0``: the dataset's own code ran here),
+    kept with the frames plain's traceback shows: this package's frames taken out, the others'
+    locals cleared. Their callers' frames may still hold this iterator until the error is gone:
+    without workers, nothing but memory waits on it. The exceptions chained to it lose their
+    frames (``_without_frames``)."""
+    kept = []
+    tb = exc.__traceback__
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_OURS):
+            kept.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for entry in reversed(kept):
+        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    traceback.clear_frames(rebuilt)
+    for chained in (exc.__cause__, exc.__context__):
+        if chained is not None:
+            _without_frames(chained)
+    return exc.with_traceback(rebuilt)
 
 
 def _without_frames(exc: BaseException) -> BaseException:
@@ -276,7 +304,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
                 error = RuntimeError(f"DataLoader worker (pid(s) {', '.join(map(str, dead))}) exited unexpectedly")
                 error.__cause__ = exc
                 return _InFlight(error=_without_frames(error))
-            return _InFlight(error=_without_frames(exc))
+            return _InFlight(error=_raised_here(exc) if self._self_router is not None else _without_frames(exc))
         index = self._self_count
         self._self_count += 1
         if type(batch) is Unrouted:  # the chains were called, none taken: say why, hand it on as it is
