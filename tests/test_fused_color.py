@@ -133,7 +133,7 @@ def check_augment(device: str) -> dict:
     from torchvision.transforms.autoaugment import _apply_op
 
     from dali_autoproxy.backends.torch_stage import fused_color, policies
-    from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment
+    from dali_autoproxy.plan.policy_ops import AUGMENT_OPS, Augment
     rng = np.random.default_rng(5)
     report = {"fused": fused_color.load() is not None, "cases": []}
     for size, bilinear, fill in [((37, 41), False, None), ((24, 70), False, [255, 0, 128]), ((37, 41), True, None),

@@ -10,7 +10,7 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms.autoaugment import _apply_op
 
 from dali_autoproxy.backends.torch_stage import augment
-from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment
+from dali_autoproxy.plan.policy_ops import AUGMENT_OPS, Augment
 
 CASES = [("ShearX", [0.3, -0.5]), ("ShearY", [0.2, -0.99]), ("TranslateX", [12.7, -20.0]), ("TranslateY", [5.0, -31.0]),
          ("Rotate", [30.0, -77.0, 135.0]), ("Brightness", [0.5, -0.3]), ("Color", [0.4, -0.99]),
@@ -102,7 +102,7 @@ def test_tensor_policy_operations_equal_torchvision_per_image(device, api, inter
     from torchvision.transforms.autoaugment import _apply_op
 
     from dali_autoproxy.backends.torch_stage.tensor_policies import tensor_augment
-    from dali_autoproxy.plan.ir import TensorAugment
+    from dali_autoproxy.plan.policy_ops import TensorAugment
     photos = [np.asarray(Image.fromarray(p).convert("RGB").resize((120, 120))) for p in photographs()]
     rows, imgs = [], []
     for k, (name, mags) in enumerate(TENSOR_CASES):

@@ -20,9 +20,7 @@ from torchvision.transforms import InterpolationMode as M
 
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
 from dali_autoproxy.plan.ir import (
-    AUGMENT_OPS,
     PERSPECTIVE_IDENTITY,
-    Augment,
     Blur,
     ColorJitter,
     Crop,
@@ -37,7 +35,6 @@ from dali_autoproxy.plan.ir import (
     PillowResize,
     PixelOp,
     Resize,
-    TensorAugment,
     TensorColorJitter,
     ToCHW,
     ToFloat,
@@ -55,6 +52,7 @@ from dali_autoproxy.plan.pillow_ops import (
     blur_window_of,
 )
 from dali_autoproxy.plan.planning import Plan
+from dali_autoproxy.plan.policy_ops import AUGMENT_OPS, Augment, MixAdd, MixStart, TensorAugment
 from dali_autoproxy.plan.tv_internals import tensor_policy_operation
 
 # kernel(img, op, row, v2_step) -> img; img a PIL image or a CHW tensor; v2_step: the op comes
@@ -211,6 +209,32 @@ def _tensor_augment(img, op: TensorAugment, row, v2_step):  # torchvision's own 
     if name == "Identity":
         return img
     return tensor_policy_operation(op.api)(img, name, float(op.value(row, "magnitude")), op.interpolation, op.fill)
+
+
+class _Mixing(threading.local):
+    source: Any = None  # AugMix's source tensor, its float32 mix, and whether the image was a PIL one
+    mix: Any = None
+    pil: bool = False
+
+
+_mixing = _Mixing()
+
+
+@CPU_KERNELS.register(MixStart)
+def _mix_start(img, op: MixStart, row, v2_step):  # AugMix's forward, one sample at a time
+    _mixing.pil = isinstance(img, Image.Image)
+    _mixing.source = F.pil_to_tensor(img) if _mixing.pil else img
+    _mixing.mix = torch.tensor(op.value(row, "weight"), dtype=torch.float32) * _mixing.source
+    return _mixing.source
+
+
+@CPU_KERNELS.register(MixAdd)
+def _mix_add(img, op: MixAdd, row, v2_step):
+    _mixing.mix.add_(torch.tensor(op.value(row, "weight"), dtype=torch.float32) * img)
+    if not op.last:
+        return _mixing.source
+    out, _mixing.mix, _mixing.source = _mixing.mix.to(torch.uint8), None, None
+    return F.to_pil_image(out) if _mixing.pil else out
 
 
 @CPU_KERNELS.register(Grayscale)

@@ -12,10 +12,7 @@ loader's DALI runners, and hands each batch over once its tensors are back, in o
 from __future__ import annotations
 
 import collections
-import os
 import time
-import traceback
-import types
 import weakref
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -27,6 +24,7 @@ from dali_autoproxy.config import Options, StrictModeError, logger
 from dali_autoproxy.main.collate import find_proxy_batches, finish, on_device, put_back
 from dali_autoproxy.main.cpu_fallback import replay_group
 from dali_autoproxy.main.decision import Decision, chain_names, decide, max_batch_size
+from dali_autoproxy.main.errors import raised_here, without_frames
 from dali_autoproxy.main.state import LoaderState, RunnerKey, output_device
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.transport import (
@@ -109,49 +107,6 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
     finally:
         loader.worker_init_fn, loader.collate_fn = user_init, user_collate
     return ProxiedIterator(inner, loader, state, decision, options)
-
-
-_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def _raised_here(exc: BaseException) -> BaseException:
-    """An error of this process's fetch (``num_workers=0``: the dataset's own code ran here),
-    kept with the frames plain's traceback shows: this package's frames taken out, the others'
-    locals cleared. Their callers' frames may still hold this iterator until the error is gone:
-    without workers, nothing but memory waits on it. The exceptions chained to it lose their
-    frames (``_without_frames``)."""
-    kept = []
-    tb = exc.__traceback__
-    while tb is not None:
-        if not tb.tb_frame.f_code.co_filename.startswith(_OURS):
-            kept.append(tb)
-        tb = tb.tb_next
-    rebuilt = None
-    for entry in reversed(kept):
-        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
-    traceback.clear_frames(rebuilt)
-    for chained in (exc.__cause__, exc.__context__):
-        if chained is not None:
-            _without_frames(chained)
-    return exc.with_traceback(rebuilt)
-
-
-def _without_frames(exc: BaseException) -> BaseException:
-    """``exc`` (and the exceptions chained to it) without tracebacks, to be raised later in its
-    place in the batch order. A kept traceback holds its frames, and each frame its caller
-    (``f_back``): the iterator's own frames among them, a cycle that would keep the iterator,
-    and the DataLoader's workers, alive after a ``break`` until the next garbage collection.
-    What the user reads stays: a worker's error carries the worker's traceback in its message,
-    as the DataLoader raises it."""
-    seen, todo = set(), [exc]
-    while todo:  # every exception chained to it, through its cause and its context alike
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        e.__traceback__ = None
-        todo += [e.__cause__, e.__context__]
-    return exc
 
 
 class _InFlight:
@@ -303,8 +258,8 @@ class ProxiedIterator(wrapt.ObjectProxy):
             if dead and isinstance(exc, (ConnectionError, EOFError)):  # the dead worker's queue, read first
                 error = RuntimeError(f"DataLoader worker (pid(s) {', '.join(map(str, dead))}) exited unexpectedly")
                 error.__cause__ = exc
-                return _InFlight(error=_without_frames(error))
-            return _InFlight(error=_raised_here(exc) if self._self_router is not None else _without_frames(exc))
+                return _InFlight(error=without_frames(error))
+            return _InFlight(error=raised_here(exc) if self._self_router is not None else without_frames(exc))
         index = self._self_count
         self._self_count += 1
         if type(batch) is Unrouted:  # the chains were called, none taken: say why, hand it on as it is

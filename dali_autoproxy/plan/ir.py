@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import ClassVar, List, Optional, Sequence, Tuple, Union
+from typing import ClassVar, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -299,38 +299,6 @@ class Perspective(Op):
     slot: int
     fill: Tuple[float, ...]
     bilinear: bool
-
-
-AUGMENT_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
-               "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")
-GEOMETRIC_OPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")  # the policy operations that move pixels
-
-
-@dataclass(frozen=True)
-class Augment(Op):
-    """One operation of an augmentation policy per sample, as torchvision's ``_apply_op`` does it
-    on a PIL image: AUGMENT_OPS[``operation``] with its ``magnitude`` (v1's units); the
-    geometric operations sample nearest, or ``bilinear``."""
-    placement: ClassVar[Placement] = Placement.TORCH
-    params: ClassVar[Tuple[str, ...]] = ("operation", "magnitude")
-    neutral: ClassVar[Optional[Tuple[float, ...]]] = (0, 0.0)
-    slot: int
-    fill: Tuple[float, ...]
-    bilinear: bool = False
-
-
-@dataclass(frozen=True)
-class TensorAugment(Op):
-    """One policy operation per sample on a tensor image, by torchvision's own tensor kernel for
-    the API (v1's ``_apply_op``, v2's ``_apply_image_or_video_transform``): AUGMENT_OPS[``operation``]
-    with its ``magnitude`` in that API's units; ``fill`` as the transform hands it over."""
-    placement: ClassVar[Placement] = Placement.TORCH
-    params: ClassVar[Tuple[str, ...]] = ("operation", "magnitude")
-    neutral: ClassVar[Optional[Tuple[float, ...]]] = (0, 0.0)
-    slot: int
-    fill: Optional[Union[float, Tuple[float, ...]]]
-    interpolation: str  # "nearest" or "bilinear" (torch's grid_sample)
-    api: str
 
 
 @dataclass(frozen=True)

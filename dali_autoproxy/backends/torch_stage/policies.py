@@ -14,7 +14,7 @@ from dali_autoproxy.backends.torch_stage.color import autocontrast, blend, blend
 from dali_autoproxy.backends.torch_stage.filters import smooth
 from dali_autoproxy.backends.torch_stage.geometry import affine_tables, perspective, warp
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
-from dali_autoproxy.plan.ir import AUGMENT_OPS, GEOMETRIC_OPS, Augment
+from dali_autoproxy.plan.policy_ops import AUGMENT_OPS, GEOMETRIC_OPS, Augment
 from dali_autoproxy.plan.tv_internals import rotation_matrix
 
 _BLENDS = {"Brightness": 0, "Contrast": 1, "Color": 2}  # blend_step's codes

@@ -21,7 +21,8 @@ class Batch:
     still whole numbers 0..255 (uint8 semantics; ToFloat ends that). ``sizes``: set by the
     kernels that change sizes (resample.py); samples smaller than the batch sit in its top-left
     corner, zero-padded (int64 [B, 2], each sample's (height, width), when they differ).
-    ``kept``: the images a recorded Image.blend keeps ("keep" / "blend_kept"). ``prepared``: what
+    ``kept``: the images a recorded Image.blend keeps ("keep" / "blend_kept"). ``mixing``: AugMix's
+    (source, mix) between its MixStart and its last MixAdd. ``prepared``: what
     kernels prepare once for their stage (by their own keys, such as their op's position) and
     find again in every later batch of it."""
 
@@ -34,6 +35,7 @@ class Batch:
         self.integer = integer
         self.sizes = sizes
         self.kept = kept
+        self.mixing: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         self.prepared = {} if prepared is None else prepared
 
     @property

@@ -1,5 +1,5 @@
 """Policy operations on tensor images (TrivialAugmentWide, RandAugment, AutoAugment after
-ToImage): torchvision's own tensor arithmetic, batched.
+ToImage; AugMix on any image): torchvision's own tensor arithmetic, batched, and AugMix's mixing.
 
 Samples that drew the same operation and magnitude could simply share one call of
 torchvision's kernel (what v1 tensors get). That is a group per magnitude, and each group costs
@@ -22,7 +22,7 @@ import torch
 from dali_autoproxy.backends.torch_stage.host_division import cpu_division
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_jitter_kernels
-from dali_autoproxy.plan.ir import AUGMENT_OPS, GEOMETRIC_OPS, TensorAugment
+from dali_autoproxy.plan.policy_ops import AUGMENT_OPS, GEOMETRIC_OPS, MixAdd, MixStart, TensorAugment
 from dali_autoproxy.plan.tv_internals import tensor_policy_operation, v2_grid_functions
 
 _PER_SAMPLE = ("Brightness", "Color", "Contrast", "Sharpness", "Posterize", "Solarize")
@@ -144,3 +144,29 @@ def tensor_augment(x: torch.Tensor, op: TensorAugment, host, integer: bool) -> t
 def _tensor_augment(x: torch.Tensor, op: TensorAugment, batch: Batch) -> torch.Tensor:
     with cpu_division(x):
         return tensor_augment(x, op, batch.host, batch.integer)
+
+
+def _weights(x: torch.Tensor, op, batch: Batch) -> torch.Tensor:
+    """The op's per-sample float32 weight as a [B, 1, 1, 1] factor on ``x``'s device."""
+    return upload(batch.host[:, op.col("weight")].astype(np.float32), x.device).view(-1, 1, 1, 1)
+
+
+@kernel(MixStart)
+def _mix_start(x: torch.Tensor, op: MixStart, batch: Batch) -> torch.Tensor:
+    """AugMix's source kept, its mix started (float32 weight times the whole-number pixels, as
+    torchvision's float32 weight times its uint8 image); the first copy starts from a copy of it
+    (the policy kernels write in place)."""
+    batch.mixing = (x, _weights(x, op, batch) * x)
+    return x.clone()
+
+
+@kernel(MixAdd)
+def _mix_add(x: torch.Tensor, op: MixAdd, batch: Batch) -> torch.Tensor:
+    """One copy added to the mix (torchvision's ``mix.add_(weight * aug)``); then the next copy
+    starts from the source, or, after the last, the image is the mix truncated (``.to(uint8)``)."""
+    source, mix = batch.mixing
+    mix.add_(_weights(x, op, batch) * x)
+    if not op.last:
+        return source.clone()
+    batch.mixing = None
+    return mix.trunc_()

@@ -10,9 +10,10 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment, FastColorJitter, PixelOp, TensorColorJitter, Unsupported
 from dali_autoproxy.plan.ir import ColorJitter as ColorJitterOp
+from dali_autoproxy.plan.ir import FastColorJitter, PixelOp, TensorColorJitter, Unsupported
 from dali_autoproxy.plan.ir import Grayscale as GrayscaleOp
+from dali_autoproxy.plan.policy_ops import AUGMENT_OPS, Augment
 from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.registry import coin_drawer, register, transform_name, v2_params
 from dali_autoproxy.plan.tv_internals import tensor_jitter_module

@@ -1,5 +1,5 @@
-"""Augmentation policies: TrivialAugmentWide, RandAugment, AutoAugment (v1, v2), on PIL images
-and on uint8 tensor images.
+"""Augmentation policies: TrivialAugmentWide, RandAugment, AutoAugment, AugMix (v1, v2), on PIL
+images and on uint8 tensor images.
 
 The worker makes torchvision's own draws, in its order (which operation, which magnitude bin,
 which sign), reading the magnitudes from the transform's own augmentation space; each chosen
@@ -10,16 +10,19 @@ tensor arithmetic of the transform's API (torch_stage/tensor_policies.py).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
-from dali_autoproxy.plan.ir import AUGMENT_OPS, Augment, TensorAugment, Unsupported
+from dali_autoproxy.plan.ir import Unsupported
+from dali_autoproxy.plan.policy_ops import AUGMENT_OPS, Augment, MixAdd, MixStart, TensorAugment
 from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.affine import pil_fill, pil_resample
 from dali_autoproxy.plan.translate.geometry import as_mode
-from dali_autoproxy.plan.translate.registry import register, transform_name
+from dali_autoproxy.plan.translate.registry import fingerprint, register, transform_name
 from dali_autoproxy.plan.tv_internals import tensor_policy_operation, v2_grid_functions
 
 
@@ -200,9 +203,69 @@ def auto_augment_v2(t, state: ChainState, alloc) -> Step:
     return Step(transform_name(t), ops, draw)
 
 
+# fingerprints of the AugMix.forward whose draws ``aug_mix`` makes (registry.fingerprint)
+_AUG_MIX_FORWARD = {"v1": {"56853741bb30426c"}, "v2": {"13bb8a1b1bf3767a"}}
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_fingerprint(cls: type) -> str:
+    try:
+        return fingerprint(cls.forward)
+    except (OSError, TypeError, SyntaxError):
+        return ""
+
+
 @register(T.AugMix, v2.AugMix)
 def aug_mix(t, state: ChainState, alloc) -> Step:
-    raise Unsupported(f"{transform_name(t)} mixes chains of torchvision's *tensor* kernels (bilinear "
-                      "warps, float mixing) drawn per sample; replayed per sample in the main process "
-                      "they would be slower than in the workers, so it runs there (TrivialAugmentWide, "
-                      "RandAugment and AutoAugment are translated)")
+    """AugMix on a PIL image or a uint8 tensor: ``mixture_width`` copies of the image, each through
+    ``chain_depth`` (or 1 to 3, drawn) policy operations of torchvision's tensor kernels, mixed in
+    float32 with Dirichlet weights and truncated back to uint8. The worker makes forward's draws
+    in its order (both Dirichlet samples first, then each copy's depth and operations); the torch
+    stage keeps the source, runs each copy's operations (Identity past its depth) and mixes."""
+    api = "v2" if isinstance(t, v2.Transform) else "v1"
+    if _forward_fingerprint(type(t)) not in _AUG_MIX_FORWARD[api]:
+        raise Unsupported(f"{transform_name(t)}: this torchvision's AugMix.forward is not the one translated "
+                          "here (another version): it runs as written")
+    if state.kind != "pil" and state.dtype != "uint8":
+        raise Unsupported(f"{transform_name(t)} on a float tensor is left to torchvision (its operations "
+                          "expect uint8)")
+    mode = as_mode(t.interpolation)
+    if mode not in (InterpolationMode.NEAREST, InterpolationMode.BILINEAR):
+        raise Unsupported(f"{transform_name(t)} with {mode.value} interpolation; torchvision would raise")
+    if api == "v2":  # the copies are plain tensors: v2 looks its fill up for that type
+        fill = t._fill.get(torch.Tensor, t._fill.get("others"))
+        fill = tuple(fill) if isinstance(fill, list) else fill
+    else:
+        fill = _tensor_fill(t, state)
+    depth = t.chain_depth if t.chain_depth > 0 else 3
+    start = MixStart(alloc(MixStart))
+    copies = []
+    for i in range(t.mixture_width):
+        chain = [TensorAugment(alloc(TensorAugment), fill, mode.value, api) for _ in range(depth)]
+        copies.append((chain, MixAdd(alloc(MixAdd), last=i == t.mixture_width - 1)))
+    ops = [start] + [op for chain, add in copies for op in chain + [add]]
+    space_v2 = t._AUGMENTATION_SPACE if api == "v2" and t.all_ops else getattr(t, "_PARTIAL_AUGMENTATION_SPACE", None)
+
+    def draw(g) -> None:
+        m = t._sample_dirichlet(torch.tensor([t.alpha, t.alpha]).expand(1, -1))
+        weights = t._sample_dirichlet(torch.tensor([t.alpha] * t.mixture_width).expand(1, -1)) * m[:, 1].view(1, -1)
+        g.put(start, weight=float(m[0, 0]))
+        space = t._augmentation_space(t._PARAMETER_MAX, (g.height, g.width)) if api == "v1" else space_v2
+        for i, (chain, add) in enumerate(copies):
+            n = t.chain_depth if t.chain_depth > 0 else int(torch.randint(low=1, high=4, size=(1,)).item())
+            for k, op in enumerate(chain):
+                if k >= n:
+                    _record(g, op, "Identity", 0.0)
+                elif api == "v1":
+                    name, magnitudes, signed = _v1_draw(space)
+                    magnitude = (float(magnitudes[torch.randint(t.severity, (1,), dtype=torch.long)].item())
+                                 if magnitudes.ndim > 0 else 0.0)
+                    if signed and torch.randint(2, (1,)):
+                        magnitude *= -1.0
+                    _record(g, op, name, magnitude)
+                else:
+                    name, (fn, signed) = _v2_item(space)
+                    pick = lambda: int(torch.randint(t.severity, ()))  # noqa: E731
+                    _record(g, op, name, _v2_magnitude(t, name, fn, signed, g, pick, 1.0, bins=t._PARAMETER_MAX))
+            g.put(add, weight=float(weights[0, i]))
+    return Step(transform_name(t), ops, draw)
