@@ -11,6 +11,10 @@ build them):
   swav           SwAV's MultiCropDataset (2 x 224 + 6 x 96); SWAV_DIR
   train          ImageFolder with RandomResizedCrop 224, flip, ToTensor, Normalize, a long epoch drawn
                  by a RandomSampler
+  augmix         the classification references' ``--auto-augment augmix`` train preset (PIL backend):
+                 RandomResizedCrop 176, flip, AugMix (bilinear), PILToTensor, ConvertImageDtype,
+                 Normalize, on the train recipe's images and sampler
+  augmix_v2      the same preset with the v2 API (ToImage first: AugMix on uint8 tensors)
 
 A sample counts once whatever its views. Steady state: batches [w, B - w) of each epoch timed, w
 at least autoproxy's look-ahead + 1 and twice the workers (at most a quarter of the epoch), the
@@ -49,6 +53,21 @@ def segmentation_dataset(root: str, n: int):
     return ds
 
 
+def augmix_chain(api: str):
+    """The references' ClassificationPresetTrain with auto_augment_policy="augmix", interpolation bilinear."""
+    import torch
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    if api == "v1":
+        return T.Compose([T.RandomResizedCrop(176, antialias=True), T.RandomHorizontalFlip(0.5),
+                          T.AugMix(interpolation=T.InterpolationMode.BILINEAR, severity=3), T.PILToTensor(),
+                          T.ConvertImageDtype(torch.float), T.Normalize(mean, std)])
+    return v2.Compose([v2.ToImage(), v2.RandomResizedCrop(176, antialias=True), v2.RandomHorizontalFlip(0.5),
+                       v2.AugMix(interpolation=v2.InterpolationMode.BILINEAR, severity=3),
+                       v2.ToDtype(torch.float, scale=True), v2.Normalize(mean, std), v2.ToPureTensor()])
+
+
 def make_loader(recipe: str, batch: int, workers: int, images: int, args):
     import torch
     import torchvision
@@ -59,9 +78,10 @@ def make_loader(recipe: str, batch: int, workers: int, images: int, args):
     if recipe == "detection":
         from detection_benchmark import loader_for
         return loader_for("detection:hflip", args.coco, images, workers, batch)
-    if recipe == "train":
+    if recipe in ("train", "augmix", "augmix_v2"):
         from dataset_shapes_benchmark import train_chain
-        ds = torchvision.datasets.ImageFolder(args.corpus, transform=train_chain())
+        chain = train_chain() if recipe == "train" else augmix_chain("v2" if recipe == "augmix_v2" else "v1")
+        ds = torchvision.datasets.ImageFolder(args.corpus, transform=chain)
         sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=images)
         return torch.utils.data.DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers,
                                            drop_last=True, pin_memory=pin)

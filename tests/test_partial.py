@@ -76,3 +76,20 @@ def test_split_plan_is_raw_and_names_its_prefix():
         plan = build_plan(T.Compose([Median(), T.Resize(64), T.ToTensor()]))
     assert plan.worker_prefix == 1 and plan.worker_names == ["Median"]
     assert plan.names == ["Resize", "ToTensor"]
+
+
+def test_a_chain_the_workers_refuse_to_plan_is_reported_with_the_refusal(photo_root):
+    """A v2 Compose (planned per call in the workers, as it may take targets) holding a step
+    without a translation: plain's batches, and the report says which step and why, not only
+    that nothing reached DALI."""
+    tf = v2.Compose([v2.CenterCrop(120), v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True),
+                     v2.RandomErasing(value="random")])
+    ds = image_folder(photo_root, tf)
+    ref = load_all(ds, autoproxy=False, seed=3)
+    out = load_all(ds, autoproxy=True, seed=3)
+    rep = last_report()
+    assert not rep["proxied"] and rep["reason"] == (
+        "no sample reached DALI: v2.RandomErasing(value='random') fills with torch's normal noise, which DALI "
+        "cannot reproduce"), rep
+    for (a, la), (b, lb) in zip(ref, out):
+        assert torch.equal(la, lb) and torch.equal(a, b)

@@ -52,7 +52,7 @@ from dali_autoproxy.plan.pillow_ops import (
     blur_window_of,
 )
 from dali_autoproxy.plan.planning import Plan
-from dali_autoproxy.plan.policy_ops import AUGMENT_OPS, Augment, MixAdd, MixStart, TensorAugment
+from dali_autoproxy.plan.policy_ops import AUGMENT_OPS, Augment, MixAdd, MixBlend, MixStart, TensorAugment
 from dali_autoproxy.plan.tv_internals import tensor_policy_operation
 
 # kernel(img, op, row, v2_step) -> img; img a PIL image or a CHW tensor; v2_step: the op comes
@@ -212,7 +212,7 @@ def _tensor_augment(img, op: TensorAugment, row, v2_step):  # torchvision's own 
 
 
 class _Mixing(threading.local):
-    source: Any = None  # AugMix's source tensor, its float32 mix, and whether the image was a PIL one
+    source: Any = None  # AugMix's source image, its float32 mix (CHW), and whether the image was a PIL one
     mix: Any = None
     pil: bool = False
 
@@ -220,21 +220,35 @@ class _Mixing(threading.local):
 _mixing = _Mixing()
 
 
+def _float_chw(img) -> torch.Tensor:
+    """A PIL image's or a tensor's values as a float32 CHW tensor (what NumPy's float32 view holds)."""
+    if isinstance(img, Image.Image):
+        values = np.asarray(img, dtype=np.float32).reshape(img.size[1], img.size[0], -1)
+        return torch.from_numpy(values).permute(2, 0, 1)
+    return img.to(torch.float32)
+
+
 @CPU_KERNELS.register(MixStart)
 def _mix_start(img, op: MixStart, row, v2_step):  # AugMix's forward, one sample at a time
     _mixing.pil = isinstance(img, Image.Image)
-    _mixing.source = F.pil_to_tensor(img) if _mixing.pil else img
-    _mixing.mix = torch.tensor(op.value(row, "weight"), dtype=torch.float32) * _mixing.source
+    _mixing.source = F.pil_to_tensor(img) if _mixing.pil and op.tensors else img
+    _mixing.mix = torch.tensor(op.value(row, "weight"), dtype=torch.float32) * _float_chw(_mixing.source)
     return _mixing.source
 
 
 @CPU_KERNELS.register(MixAdd)
 def _mix_add(img, op: MixAdd, row, v2_step):
-    _mixing.mix.add_(torch.tensor(op.value(row, "weight"), dtype=torch.float32) * img)
+    _mixing.mix.add_(torch.tensor(op.value(row, "weight"), dtype=torch.float32) * _float_chw(img))
     if not op.last:
         return _mixing.source
-    out, _mixing.mix, _mixing.source = _mixing.mix.to(torch.uint8), None, None
+    out, _mixing.mix = _mixing.mix.to(torch.uint8), None
     return F.to_pil_image(out) if _mixing.pil else out
+
+
+@CPU_KERNELS.register(MixBlend)
+def _mix_blend(img, op: MixBlend, row, v2_step):  # timm's Image.blend(img, mixed, m)
+    source, _mixing.source = _mixing.source, None
+    return Image.blend(source, img, float(op.value(row, "alpha")))
 
 
 @CPU_KERNELS.register(Grayscale)

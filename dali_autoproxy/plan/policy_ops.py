@@ -1,6 +1,7 @@
 """IR ops of the augmentation policies: one policy operation per sample (``Augment`` on PIL
 images with Pillow's arithmetic, ``TensorAugment`` with torchvision's tensor kernels), and
-AugMix's mixing of its augmented copies (``MixStart``, ``MixAdd``). All run in the torch stage."""
+AugMix's mixing of its augmented copies (``MixStart``, ``MixAdd``; timm's ends in ``MixBlend``).
+All run in the torch stage."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,11 +44,14 @@ class TensorAugment(Op):
 @dataclass(frozen=True)
 class MixStart(Op):
     """AugMix's start: the image as it is becomes the source of every augmented copy, and the
-    mix starts as ``weight`` (float32) times it, in float32 as torchvision computes it."""
+    mix starts as ``weight`` (float32) times it, in float32 as torchvision computes it (timm's
+    starts from zeros: weight 0). ``tensors``: the copies are uint8 tensors (torchvision's AugMix
+    converts a PIL image); False: images as they come (timm's, PIL images)."""
     placement: ClassVar[Placement] = Placement.TORCH
     params: ClassVar[Tuple[str, ...]] = ("weight",)
     neutral: ClassVar[Optional[Tuple[float, ...]]] = (1.0,)
     slot: int
+    tensors: bool = True
 
 
 @dataclass(frozen=True)
@@ -60,3 +64,13 @@ class MixAdd(Op):
     neutral: ClassVar[Optional[Tuple[float, ...]]] = (0.0,)
     slot: int
     last: bool = False
+
+
+@dataclass(frozen=True)
+class MixBlend(Op):
+    """timm's AugMix end: Pillow's ``Image.blend(source, mixed, alpha)`` of the source its
+    MixStart kept and the mix its last MixAdd made."""
+    placement: ClassVar[Placement] = Placement.TORCH
+    params: ClassVar[Tuple[str, ...]] = ("alpha",)
+    neutral: ClassVar[Optional[Tuple[float, ...]]] = (1.0,)
+    slot: int

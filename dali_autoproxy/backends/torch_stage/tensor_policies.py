@@ -19,10 +19,11 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from dali_autoproxy.backends.torch_stage.color import blend
 from dali_autoproxy.backends.torch_stage.host_division import cpu_division
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, update_rows, upload
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_jitter_kernels
-from dali_autoproxy.plan.policy_ops import AUGMENT_OPS, GEOMETRIC_OPS, MixAdd, MixStart, TensorAugment
+from dali_autoproxy.plan.policy_ops import AUGMENT_OPS, GEOMETRIC_OPS, MixAdd, MixBlend, MixStart, TensorAugment
 from dali_autoproxy.plan.tv_internals import tensor_policy_operation, v2_grid_functions
 
 _PER_SAMPLE = ("Brightness", "Color", "Contrast", "Sharpness", "Posterize", "Solarize")
@@ -146,9 +147,9 @@ def _tensor_augment(x: torch.Tensor, op: TensorAugment, batch: Batch) -> torch.T
         return tensor_augment(x, op, batch.host, batch.integer)
 
 
-def _weights(x: torch.Tensor, op, batch: Batch) -> torch.Tensor:
-    """The op's per-sample float32 weight as a [B, 1, 1, 1] factor on ``x``'s device."""
-    return upload(batch.host[:, op.col("weight")].astype(np.float32), x.device).view(-1, 1, 1, 1)
+def _weights(x: torch.Tensor, op, batch: Batch, name: str = "weight") -> torch.Tensor:
+    """The op's per-sample float32 value ``name`` as a [B, 1, 1, 1] factor on ``x``'s device."""
+    return upload(batch.host[:, op.col(name)].astype(np.float32), x.device).view(-1, 1, 1, 1)
 
 
 @kernel(MixStart)
@@ -168,5 +169,12 @@ def _mix_add(x: torch.Tensor, op: MixAdd, batch: Batch) -> torch.Tensor:
     mix.add_(_weights(x, op, batch) * x)
     if not op.last:
         return source.clone()
+    return mix.trunc_()  # the source stays kept for a MixBlend
+
+
+@kernel(MixBlend)
+def _mix_blend(x: torch.Tensor, op: MixBlend, batch: Batch) -> torch.Tensor:
+    """Pillow's Image.blend(source, mixed, alpha), per sample."""
+    source, _ = batch.mixing
     batch.mixing = None
-    return mix.trunc_()
+    return blend(source, x, _weights(x, op, batch, "alpha"))
