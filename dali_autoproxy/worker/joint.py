@@ -29,7 +29,8 @@ from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.planning import Plan, build_joint_plan
 from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage
 from dali_autoproxy.plan.recording_tensor import RecordingTensor, settled
-from dali_autoproxy.plan.translate.registry import transform_name
+from dali_autoproxy.plan.translate.registry import compose_types, transform_name
+from dali_autoproxy.plan.translate.registry import flatten as unroll
 from dali_autoproxy.transport import ENCODED, RAW, WHY_RECORDING, ProxySample
 from dali_autoproxy.tree import flatten, unflatten
 from dali_autoproxy.worker.collate import rng_states, set_rng_states
@@ -107,13 +108,25 @@ def _the_image(leaves: List[Any]) -> Tuple[Optional[int], Optional[str]]:
     return None, f"{len(rgb)} RGB PIL images in one call"
 
 
+def _steps_of(chain: Any) -> str:
+    """`` (A -> B -> C)``: the steps a joint chain holds (its ``transforms``, nested Compose
+    unrolled), for the report; empty for a class without such a list."""
+    inner = getattr(chain, "transforms", None)
+    if inner is not None and type(inner) in compose_types():
+        inner = inner.transforms
+    if not isinstance(inner, (list, tuple)) or not inner:
+        return ""
+    return f" ({' -> '.join(transform_name(t) for step in inner for t in unroll(step))})"
+
+
 class JointNode:
     """What a joint transform's call does in a worker: the targets transformed here by torchvision,
     the image handed to DALI with its recorded calls; or the call as written, with ``why``."""
 
     def __init__(self, chain: Any, announce_known: set):
         self.chain = chain
-        own = type(f"{type(chain).__name__} with its targets", (JointCall,), {"__module__": type(chain).__module__})
+        own = type(f"{type(chain).__name__} with its targets{_steps_of(chain)}", (JointCall,),
+                   {"__module__": type(chain).__module__})
         self.call = own(chain)
         self.known = announce_known
         self.why: Optional[str] = None  # why the last call was not taken
