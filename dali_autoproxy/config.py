@@ -53,7 +53,8 @@ class Options:
     # at 8 workers from 24.4k to 27.7k, with the DataLoader's workers sharing the cores.
     hw_decoder_load: float = 0.9
     # "pillow": Resize / RandomResizedCrop of PIL images with Pillow's arithmetic, border included
-    # (torch_stage/resample.py); "dali": DALI's resize, within the bound in docs/transforms.md.
+    # (torch_stage/resample.py), of tensor images with torchvision's own kernel
+    # (torch_stage/tensor_resize.py); "dali": DALI's resize, within the bound in docs/transforms.md.
     resize: str = "dali"
     # "on": a transform without a translation, on a PIL image, is called with a recording image
     # (plan/recording.py) and its Pillow calls run on DALI's side; "off": it runs in the worker.

@@ -19,6 +19,7 @@ from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 from torchvision.transforms import InterpolationMode as M
 
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
+from dali_autoproxy.backends.torch_stage.tensor_resize import torchvision_resize
 from dali_autoproxy.plan.ir import (
     PERSPECTIVE_IDENTITY,
     Blur,
@@ -36,6 +37,7 @@ from dali_autoproxy.plan.ir import (
     PixelOp,
     Resize,
     TensorColorJitter,
+    TensorResize,
     ToCHW,
     ToFloat,
     Warp,
@@ -107,6 +109,12 @@ def _resize(img, op: Resize, row, v2_step):
     mode = {"linear": M.BILINEAR, "cubic": M.BICUBIC, "nn": M.NEAREST if is_pil else M.NEAREST_EXACT}[op.interp]
     resize = (F2 if v2_step and not is_pil else F).resize
     return resize(img, size, interpolation=mode, antialias=op.antialias if not is_pil else True)
+
+
+@CPU_KERNELS.register(TensorResize)
+def _tensor_resize(img, op: TensorResize, row, v2_step):  # torchvision's own resize of a tensor image
+    size = [int(v) for v in row[op.span("out_height", "out_width")]]
+    return torchvision_resize(op.api)(img, size, op.interpolation, op.antialias)
 
 
 @CPU_KERNELS.register(PillowResize)

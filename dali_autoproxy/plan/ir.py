@@ -142,6 +142,25 @@ class PillowReduce(Op):
 
 
 @dataclass(frozen=True)
+class TensorResize(Op):
+    """torchvision's own resize of a tensor image (``api`` "v1": ``F.resize``, "v2":
+    ``resize_image``), each sample from ``in_height`` x ``in_width`` to ``out_height`` x
+    ``out_width``, with ``interpolation`` (an InterpolationMode's value) and ``antialias`` as the
+    transform passes them, on the chain's values as torchvision sees them (uint8 or float): the
+    same arithmetic where the stage runs on the CPU, torch's CUDA kernels on a GPU. Accepts
+    samples of different sizes. ``size``: the output size when it is the same for every sample."""
+    placement: ClassVar[Placement] = Placement.TORCH
+    params: ClassVar[Tuple[str, ...]] = ("in_height", "in_width", "out_height", "out_width")
+    keeps_size: ClassVar[bool] = False
+    ragged: ClassVar[bool] = True
+    slot: int
+    interpolation: str
+    antialias: Optional[bool]
+    api: str
+    size: Optional[Tuple[int, int]] = None
+
+
+@dataclass(frozen=True)
 class Flip(Op):
     """Horizontal (or vertical) flip when ``apply`` is 1 (each sample within its own size)."""
     placement: ClassVar[Placement] = Placement.EITHER
@@ -346,7 +365,9 @@ def split_at_takeover(ops: Sequence[Op], any_size: bool = False) -> Tuple[List[O
     can run everything from there on. Where that op needs one size for the whole batch, the stage
     also takes the size-keeping EITHER ops just before it, so that DALI hands over uint8 pixels of
     its last crop or resize; where it takes samples of any size (``ragged``: the exact resize),
-    DALI hands over its crops padded to one size and keeps the ops before. Without such an op,
+    DALI hands over its crops padded to one size and keeps the ops before. DALI hands the stage
+    uint8 pixels: where values became floats before the takeover (ToFloat, Normalize), the stage
+    takes the ops from there on, if none of them is DALI's. Without such an op,
     with a DALI-only op after it, or with a crop or resize after an op that needs one size while
     DALI has not cropped yet (a ColorJitter before a crop), all ops stay with DALI (planning then
     refuses a TORCH op left there, and the worker runs the chain's head). ``any_size``: the plan's
@@ -361,6 +382,9 @@ def split_at_takeover(ops: Sequence[Op], any_size: bool = False) -> Tuple[List[O
                 while (k > 0 and not op.ragged and ops[k - 1].placement is Placement.EITHER
                        and ops[k - 1].keeps_size):
                     k -= 1
-                return list(ops[:k]), list(ops[k:])
+                floats = next((j for j, o in enumerate(ops[:k]) if type(o) in (ToFloat, Normalize)), k)
+                if any(o.placement is Placement.DALI for o in ops[floats:k]):
+                    break  # DALI would hand over floats
+                return list(ops[:floats]), list(ops[floats:])
             break
     return list(ops), []

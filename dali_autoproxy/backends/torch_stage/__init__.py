@@ -29,7 +29,7 @@ from dali_autoproxy.backends.torch_stage.geometry import perspective, warp
 from dali_autoproxy.backends.torch_stage.policies import augment
 from dali_autoproxy.backends.torch_stage.registry import FUSED_PAIRS, FUSED_RUNS, TORCH_KERNELS, Batch, uniform
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
-from dali_autoproxy.plan.ir import PillowResize
+from dali_autoproxy.plan.ir import PillowResize, TensorResize
 
 # every module of this package registers its kernels when imported (the Triton ones load lazily)
 for _module in pkgutil.iter_modules(__path__):
@@ -37,7 +37,7 @@ for _module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 
-TAKES_UINT8 = (PillowResize,)  # kernels that read DALI's uint8 batch as it is (no float32 copy first)
+TAKES_UINT8 = (PillowResize, TensorResize)  # kernels that read DALI's uint8 batch as it is (no float32 copy first)
 
 
 def _padded(samples: List[torch.Tensor]):

@@ -13,7 +13,7 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 
-from dali_autoproxy.plan.ir import PILLOW_FILTERS, Crop, Flip, PillowResize, Resize, Unsupported
+from dali_autoproxy.plan.ir import PILLOW_FILTERS, Crop, Flip, Op, PillowResize, Resize, TensorResize, Unsupported
 from dali_autoproxy.plan.steps import ChainState, SampleGeometry, Step
 from dali_autoproxy.plan.translate.crop_draws import copies_hold, log_ratio, resized_crop_box
 from dali_autoproxy.plan.translate.registry import coin_drawer, register, transform_name, v2_params
@@ -79,11 +79,23 @@ def pillow_kind(interpolation, state: ChainState, dali_can: bool = True) -> Opti
 
 def exact_resize_step(name: str, kinds, state: ChainState, alloc, out_size: Optional[Tuple[int, int]],
                       size=None, max_size: Optional[int] = None, crop: Optional[Callable] = None,
-                      crop_slot: Optional[int] = None) -> Step:
+                      crop_slot: Optional[int] = None, tensor: Optional[Tuple[str, Optional[bool], str]] = None
+                      ) -> Step:
     """A Pillow-exact resize (after an optional random crop ``crop(g) -> (top, left, h, w)``):
-    ``kinds()`` gives each sample's Pillow filter (one fixed filter, or timm's per-image draw)."""
+    ``kinds()`` gives each sample's Pillow filter (one fixed filter, or timm's per-image draw).
+    ``tensor``: (interpolation, antialias, api) of torchvision's own resize of a tensor image
+    (ir.TensorResize) instead."""
     cropping = Crop(crop_slot, in_bounds=True) if crop is not None else None
-    resizing = PillowResize(alloc(PillowResize), out_size)
+    if tensor is None:
+        resizing: Op = PillowResize(alloc(PillowResize), out_size)
+
+        def values(h: int, w: int, out_h: int, out_w: int) -> tuple:
+            return h, w, out_h, out_w, kinds(), 0, 0, h, w  # in, out, filter, box: the whole image
+    else:
+        resizing = TensorResize(alloc(TensorResize), *tensor, out_size)
+
+        def values(h: int, w: int, out_h: int, out_w: int) -> tuple:
+            return h, w, out_h, out_w
 
     def draw(g: SampleGeometry) -> None:  # per sample, in the worker: values in the schemas' order
         if cropping is not None:
@@ -92,9 +104,26 @@ def exact_resize_step(name: str, kinds, state: ChainState, alloc, out_size: Opti
             g.height, g.width = height, width
         h, w = g.height, g.width
         out_h, out_w = out_size if out_size is not None else resized_output_size(h, w, size, max_size)
-        g.put(resizing, h, w, out_h, out_w, kinds(), 0, 0, h, w)  # in, out, filter, box: the whole image
+        g.put(resizing, *values(h, w, out_h, out_w))
         g.height, g.width = out_h, out_w
     return Step(name, ([cropping] if cropping is not None else []) + [resizing], draw)
+
+
+_TENSOR_MODES = (InterpolationMode.BILINEAR, InterpolationMode.BICUBIC, InterpolationMode.NEAREST,
+                 InterpolationMode.NEAREST_EXACT)
+_DALI_RESIZES_TENSOR = (InterpolationMode.BILINEAR, InterpolationMode.NEAREST_EXACT)
+
+
+def tensor_resize(t, state: ChainState) -> Optional[Tuple[str, Optional[bool], str]]:
+    """(interpolation, antialias, api) of torchvision's own resize of a tensor image
+    (ir.TensorResize): with ``resize="pillow"`` (torchvision's results), and for the filters DALI
+    lacks on tensors (torch's bicubic, its legacy nearest); None: DALI's resize, or a PIL image."""
+    mode = as_mode(t.interpolation)
+    if state.kind == "pil" or mode not in _TENSOR_MODES:
+        return None
+    if not state.exact_resize and mode in _DALI_RESIZES_TENSOR:
+        return None
+    return mode.value, getattr(t, "antialias", True), "v2" if isinstance(t, v2.Transform) else "v1"
 
 
 def _size_pair(size) -> Tuple[int, int]:
@@ -127,29 +156,22 @@ _V2_RRC = v2.RandomResizedCrop(8)  # whose parameter method a v2 subclass may ha
 @register(T.RandomResizedCrop, v2.RandomResizedCrop)
 def random_resized_crop(t, state: ChainState, alloc) -> Step:
     out_h, out_w = _size_pair(t.size)
-    kind = pillow_kind(t.interpolation, state)
-    if kind is None:
+    kind, tensor = pillow_kind(t.interpolation, state), tensor_resize(t, state)
+    if kind is None and tensor is None:
         interp, antialias = resample_mode(t.interpolation, getattr(t, "antialias", True), state)
     slot = alloc(Crop)
     v2_own = isinstance(t, v2.RandomResizedCrop) and v2_params(t).__func__ is v2_params(_V2_RRC).__func__
-    if isinstance(t, v2.Transform) and not v2_own:
+    if isinstance(t, v2.Transform) and not (v2_own and copies_hold()):  # a subclass's own draws, or changed ones
         params = v2_params(t)
 
         def box(g: SampleGeometry):
             p = params([g.standin()])
             return p["top"], p["left"], p["height"], p["width"]
-    elif isinstance(t, T.RandomResizedCrop) and (type(t).get_params is not T.RandomResizedCrop.get_params
-                                                 or not copies_hold()):
+    elif type(t).get_params is not T.RandomResizedCrop.get_params or not copies_hold():
         get_params, scale, ratio = type(t).get_params, t.scale, t.ratio  # a subclass's own, or a changed one
 
         def box(g: SampleGeometry):
             return tuple(int(v) for v in get_params(g.standin(), scale, ratio))
-    elif not copies_hold():
-        params = v2_params(t)
-
-        def box(g: SampleGeometry):
-            p = params([g.standin()])
-            return p["top"], p["left"], p["height"], p["width"]
     else:  # torchvision's own draws, on reused tensors (crop_draws.py)
         scale, ratio = t.scale, t.ratio
         logs = log_ratio(ratio)
@@ -157,9 +179,9 @@ def random_resized_crop(t, state: ChainState, alloc) -> Step:
         def box(g: SampleGeometry):
             return resized_crop_box(g.height, g.width, scale, ratio, logs)
     state.fixed_size = (out_h, out_w)
-    if kind is not None:
+    if kind is not None or tensor is not None:
         return exact_resize_step(transform_name(t), lambda: kind, state, alloc, (out_h, out_w), crop=box,
-                                 crop_slot=slot)
+                                 crop_slot=slot, tensor=tensor)
 
     cropping = Crop(slot, in_bounds=True)
 
@@ -174,10 +196,11 @@ def resize(t, state: ChainState, alloc) -> Step:
     size: Optional[Sequence[int]] = t.size
     max_size = getattr(t, "max_size", None)
     fixed = (int(size[0]), int(size[1])) if size is not None and not isinstance(size, int) and len(size) == 2 else None
-    kind = pillow_kind(t.interpolation, state)
-    if kind is not None:
+    kind, tensor = pillow_kind(t.interpolation, state), tensor_resize(t, state)
+    if kind is not None or tensor is not None:
         state.fixed_size = fixed
-        return exact_resize_step(transform_name(t), lambda: kind, state, alloc, fixed, size, max_size)
+        return exact_resize_step(transform_name(t), lambda: kind, state, alloc, fixed, size, max_size,
+                                 tensor=tensor)
     interp, antialias = resample_mode(t.interpolation, getattr(t, "antialias", True), state)
     if fixed is not None:
         state.fixed_size = fixed

@@ -1,0 +1,72 @@
+"""Resizes of tensor images by torchvision's own kernel (ir.TensorResize): with resize="pillow"
+(torchvision's results asked for), and for the filters DALI lacks on tensors (torch's bicubic,
+its legacy nearest) whatever the setting. Through real workers and real DALI pipelines: on DALI's
+CPU backend every value equal to plain torchvision's (uint8 every level, floats within float32
+rounding); on the GPU torch's CUDA kernels, within a level."""
+import pytest
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
+from helpers import image_folder, last_report, load_all
+
+I = T.InterpolationMode
+DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+def _chain(api, geometry, interpolation, antialias, dtype):
+    m = T if api == "v1" else v2
+    head = [m.PILToTensor()]
+    if dtype == "float":
+        head.append(T.ConvertImageDtype(torch.float) if api == "v1" else v2.ToDtype(torch.float32, scale=True))
+    if geometry == "rrc":
+        tail = [m.RandomResizedCrop(96, interpolation=interpolation, antialias=antialias)]
+    else:
+        tail = [m.Resize(100, interpolation=interpolation, antialias=antialias), m.CenterCrop(96)]
+    return m.Compose(head + tail)
+
+
+CASES = [  # (api, geometry, interpolation, antialias, dtype, resize)
+    *[(api, "rrc", I.BILINEAR, aa, "uint8", "pillow") for api in ("v1", "v2") for aa in (True, False)],
+    *[(api, "resize", I.BICUBIC, aa, "uint8", "dali") for api in ("v1", "v2") for aa in (True, False)],
+    ("v1", "resize", I.NEAREST, True, "uint8", "dali"), ("v2", "rrc", I.NEAREST, True, "uint8", "dali"),
+    ("v1", "rrc", I.NEAREST_EXACT, False, "uint8", "pillow"),
+    ("v2", "resize", I.NEAREST_EXACT, True, "uint8", "pillow"),
+    *[(api, "resize", I.BILINEAR, True, "float", "pillow") for api in ("v1", "v2")],
+    ("v1", "rrc", I.BILINEAR, False, "float", "pillow"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("api,geometry,interpolation,antialias,dtype,resize", CASES,
+                         ids=["-".join(str(getattr(v, "value", v)) for v in c) for c in CASES])
+def test_a_tensor_resize_is_torchvisions(photo_root, device, api, geometry, interpolation, antialias, dtype, resize):
+    ds = image_folder(photo_root, _chain(api, geometry, interpolation, antialias, dtype))
+    ref = load_all(ds, autoproxy=False, shuffle=True, seed=7)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=7, device=device, resize=resize, strict=True)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+    worst, share = 0.0, 0.0
+    for (a, la), (b, lb) in zip(ref, out):
+        assert torch.equal(la, lb) and a.shape == b.shape and a.dtype == b.dtype
+        d = (a.double() - b.cpu().double()).abs()
+        worst, share = max(worst, float(d.max())), max(share, float((d > 0).double().mean()))
+    if device == "cpu":
+        assert worst <= (0 if dtype == "uint8" else 1e-5), worst
+    else:  # torch's CUDA kernels (float32), nvJPEG's decode
+        assert worst <= (2 if dtype == "uint8" else 2 / 255) and share < 0.05, (worst, share)
+
+
+def test_a_bilinear_tensor_resize_stays_dalis_by_default():
+    """resize="dali" (the default): DALI's resize for bilinear, within its bound (docs/transforms.md)."""
+    from dali_autoproxy.plan.ir import Resize, TensorResize
+    from dali_autoproxy.plan.planning import build_plan
+    from dali_autoproxy.plan.settings import SETTINGS
+    chain = _chain("v2", "rrc", I.BILINEAR, True, "uint8")
+    before = SETTINGS["resize"]
+    try:
+        SETTINGS["resize"] = "dali"
+        assert any(type(op) is Resize for op in build_plan(chain).ops)
+        SETTINGS["resize"] = "pillow"
+        assert any(type(op) is TensorResize for op in build_plan(chain).ops)
+    finally:
+        SETTINGS["resize"] = before
