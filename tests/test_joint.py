@@ -94,11 +94,11 @@ def assert_same_detection(ref, out, device="cpu", levels=0):
                 assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, k
 
 
-def assert_on_dali_as_plain(ds, device, seed, levels=0):
+def assert_on_dali_as_plain(ds, device, seed, levels=0, resize="dali"):
     """One shuffled epoch plain and proxied: targets and images plain's, every image decoded on DALI."""
     kw = dict(collate_fn=collate_fn, batch_size=4, shuffle=True, seed=seed)
     ref = load_all(ds, autoproxy=False, **kw)
-    out = load_all(ds, autoproxy=True, device=device, **kw)
+    out = load_all(ds, autoproxy=True, device=device, resize=resize, **kw)
     assert_same_detection(ref, out, device, levels)
     rep = last_report()
     assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
@@ -272,6 +272,22 @@ def test_the_tensor_backends_go_to_dali(coco_root, augmentation, backend, device
         v2.SanitizeBoundingBoxes(), v2.ToPureTensor()])
     levels = TENSOR_RESIZE_LEVELS if augmentation == "multiscale" else 0
     assert_on_dali_as_plain(coco_dataset(coco_root, Preset(chain)), device, seed=12, levels=levels)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend,interpolation,resize", [("tensor", "bilinear", "pillow"),
+                                                          ("tv_tensor", "bilinear", "pillow"),
+                                                          ("tensor", "bicubic", "dali")])
+def test_a_tensor_backends_resize_is_torchvisions(coco_root, backend, interpolation, resize, device):
+    """The multiscale tensor preset's resize recorded as torchvision's own (ir.TensorResize): with
+    resize="pillow", and for a bicubic one whatever the setting (it ran in the worker before):
+    every pixel plain's on the CPU backend, the targets plain's, decoded on DALI."""
+    first = v2.PILToTensor() if backend == "tensor" else v2.ToImage()
+    mode = v2.InterpolationMode(interpolation)
+    chain = v2.Compose([first, v2.RandomShortestSize(min_size=(160, 192, 224), max_size=400, interpolation=mode),
+                        v2.RandomHorizontalFlip(p=0.5), v2.ToDtype(torch.float, scale=True), v2.ToPureTensor()])
+    rep = assert_on_dali_as_plain(coco_dataset(coco_root, Preset(chain)), device, seed=12, resize=resize)
+    assert rep["worker_transforms"] == [], rep
 
 
 class JointTensorDistort(torch.nn.Module):

@@ -114,7 +114,11 @@ def _resize(img, op: Resize, row, v2_step):
 @CPU_KERNELS.register(TensorResize)
 def _tensor_resize(img, op: TensorResize, row, v2_step):  # torchvision's own resize of a tensor image
     size = [int(v) for v in row[op.span("out_height", "out_width")]]
-    return torchvision_resize(op.api)(img, size, op.interpolation, op.antialias)
+    if not isinstance(img, Image.Image):
+        return torchvision_resize(op.api)(img, size, op.interpolation, op.antialias)
+    if [img.height, img.width] == size:  # a recorded one (the image's values made a tensor) not made
+        return img
+    return F.to_pil_image(torchvision_resize(op.api)(F.pil_to_tensor(img), size, op.interpolation, op.antialias))
 
 
 @CPU_KERNELS.register(PillowResize)

@@ -46,7 +46,9 @@ Call = Tuple[Any, ...]  # (PILLOW_CALLS name, a, b, c), or a size change: GEOMET
 #   ("reduce", height, width, factor_y, factor_x): Image.reduce of the whole image (its box is a crop before)
 #   ("pad", fill, top, left, height, width): ImageOps.expand (torchvision's constant pad), a crop with the
 #       fill outside the image, ``top`` and ``left`` minus the borders
-GEOMETRY_CALLS = ("crop", "resize", "warp", "perspective", "reduce", "pad")
+#   ("tensor_resize", height, width, interpolation, antialias, api): torchvision's own resize of the image
+#       made a tensor (plan/recording_tensor_hooks.py), ir.TensorResize
+GEOMETRY_CALLS = ("crop", "resize", "warp", "perspective", "reduce", "pad", "tensor_resize")
 
 
 def call_token(call: Call) -> Any:
@@ -56,6 +58,8 @@ def call_token(call: Call) -> Any:
         return tuple(call)
     if call[0] == "pad":
         return tuple(call[:2])
+    if call[0] == "tensor_resize":  # its filter, antialias and API are fixed in its op
+        return (call[0],) + tuple(call[3:6])
     return tuple(call[:3]) if call[0] in ("warp", "perspective") else call[0]
 RESIZE_FILTERS = (Image.Resampling.NEAREST, Image.Resampling.LANCZOS, Image.Resampling.BILINEAR,
                   Image.Resampling.BICUBIC, Image.Resampling.BOX, Image.Resampling.HAMMING)  # ir.PillowResize's

@@ -28,6 +28,7 @@ from dali_autoproxy.plan.recording_tensor import (
     layout_only,
     settled,
 )
+from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.tv_internals import v2_pil_kernels
 
 
@@ -147,21 +148,25 @@ def _tensor_permute_channels(wrapped: Any, instance: Any, args: tuple, kwargs: d
 
 
 def _tensor_resize(api: str):
-    """The bilinear, antialiased resize of a tensor that is the image's uint8 values (v2's tensor
-    kernel: RandomShortestSize, ScaleJitter, RandomResize; v1's ``resize``), at the size
-    torchvision computes: recorded as the image's resize with Pillow's bilinear filter. torch's
-    uint8 arithmetic is not Pillow's fixed point: the two differ by at most a level here and
-    there (``tests/test_joint.py``'s TENSOR_RESIZE_LEVELS; docs/how-it-works.md)."""
+    """The resize of a tensor that is the image's uint8 values (v2's tensor kernel:
+    RandomShortestSize, ScaleJitter, RandomResize; v1's ``resize``), at the size torchvision
+    computes. With ``resize="pillow"``, and for any filter but bilinear antialiased, recorded as
+    torchvision's own resize of the image (``tensor_resize``: ir.TensorResize, the same values on
+    the CPU); else as the image's resize with Pillow's bilinear filter: torch's uint8 arithmetic
+    is not Pillow's fixed point, the two differ by at most a level here and there
+    (``tests/test_joint.py``'s TENSOR_RESIZE_LEVELS; docs/how-it-works.md)."""
     def hook(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         t = args[0] if args else kwargs.get("image", kwargs.get("img"))
         if type(t) is not RecordingTensor:
             return wrapped(*args, **kwargs)
         named = dict(zip(("image", "size", "interpolation", "max_size", "antialias"), args),
                      **{k: v for k, v in kwargs.items() if k != "img"})
-        interpolation = named.get("interpolation", InterpolationMode.BILINEAR)
-        bilinear = (interpolation is InterpolationMode.BILINEAR or (api == "v2" and interpolation == "bilinear")
-                    or (type(interpolation) is int and interpolation == Image.Resampling.BILINEAR))
-        if (not bilinear or named.get("antialias", True) is not True
+        try:
+            mode = _mode(named.get("interpolation", InterpolationMode.BILINEAR))
+        except (TypeError, ValueError):
+            mode = None
+        antialias = named.get("antialias", True)
+        if (mode not in _TENSOR_RESIZES or antialias not in (True, False, None)
                 or set(named) - {"image", "size", "interpolation", "max_size", "antialias"} or not layout_only(t)):
             raise NeedsPixels("tensor resize", _user_frame())
         height, width = int(t.shape[1]), int(t.shape[2])
@@ -177,10 +182,25 @@ def _tensor_resize(api: str):
             return t
         if new_h <= 0 or new_w <= 0:
             raise NeedsPixels("tensor resize", _user_frame())
-        top, left, bottom, right = 0.0, 0.0, float(height), float(width)
-        return before_tail(t, ("resize", new_h, new_w, int(Image.Resampling.BILINEAR), top, left, bottom, right),
-                            (3, new_h, new_w))
+        if SETTINGS["resize"] == "pillow" or mode is not InterpolationMode.BILINEAR or antialias is not True:
+            call = ("tensor_resize", new_h, new_w, mode.value, antialias, api)
+        else:
+            call = ("resize", new_h, new_w, int(Image.Resampling.BILINEAR), 0.0, 0.0, float(height), float(width))
+        return before_tail(t, call, (3, new_h, new_w))
     return hook
+
+
+_TENSOR_RESIZES = (InterpolationMode.BILINEAR, InterpolationMode.BICUBIC, InterpolationMode.NEAREST,
+                   InterpolationMode.NEAREST_EXACT)
+
+
+def _mode(interpolation: Any) -> InterpolationMode:
+    """torchvision's InterpolationMode for what a resize was passed (a mode, its value, a PIL filter)."""
+    if isinstance(interpolation, InterpolationMode):
+        return interpolation
+    if type(interpolation) is int:
+        return F1._interpolation_modes_from_int(interpolation)
+    return InterpolationMode(interpolation)
 
 
 def _resized_size(api: str) -> Any:

@@ -67,6 +67,9 @@ def _tensor_resize(x: torch.Tensor, op: TensorResize, batch: Batch) -> torch.Ten
     out = torch.zeros((x.shape[0], x.shape[1], oh, ow), dtype=torch.float32, device=x.device)
     for (ih, iw, h, w), rows in groups.items():
         index = upload(np.asarray(rows), x.device)
+        if (ih, iw) == (h, w):  # torchvision returns the image as it is
+            out[:, :, :h, :w].index_copy_(0, index, x.index_select(0, index)[:, :, :h, :w].to(torch.float32))
+            continue
         # laid out as a PIL image made a tensor is (pil_to_tensor's channels-last strides): torch's
         # float kernels take another path, with other roundings, on a contiguous CHW tensor
         images = x.index_select(0, index)[:, :, :ih, :iw].to(dtype).contiguous(memory_format=torch.channels_last)

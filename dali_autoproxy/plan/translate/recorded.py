@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from dali_autoproxy.plan.ir import PERSPECTIVE_IDENTITY, Crop, Flip, Perspective, PillowReduce, PillowResize, Warp
+from dali_autoproxy.plan.ir import (
+    PERSPECTIVE_IDENTITY,
+    Crop,
+    Flip,
+    Perspective,
+    PillowReduce,
+    PillowResize,
+    TensorResize,
+    Warp,
+)
 from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall, RaggedPillowCall
 from dali_autoproxy.plan.recording import (
     CALL_SHAPES,
@@ -205,6 +214,7 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
                       else PillowResize(alloc(PillowResize)) if token == "resize"
                       else PillowReduce(alloc(PillowReduce)) if token == "reduce"
                       else Crop(alloc(Crop), in_bounds=False, fill=token[1]) if token[0] == "pad"
+                      else TensorResize(alloc(TensorResize), *token[1:]) if token[0] == "tensor_resize"
                       else Warp(alloc(Warp), fill=token[1], bilinear=token[2]) if token[0] == "warp"
                       else Perspective(alloc(Perspective), fill=token[1], bilinear=token[2]))
             changes.append(change)
@@ -266,6 +276,9 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
                     fy, fx = change[3:5] if change is not None else (1, 1)
                     g.put(op, in_height=height, in_width=width, factor_y=fy, factor_x=fx)
                     h, w = -(-height // fy), -(-width // fx)
+                elif type(op) is TensorResize:  # not made: to the same size, which torchvision returns as it is
+                    h, w = change[1:3] if change is not None else (height, width)
+                    g.put(op, height, width, h, w)
                 elif type(op) in (Warp, Perspective):  # not made: the identity to the same size, Pillow's copy
                     identity = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0) if type(op) is Warp else PERSPECTIVE_IDENTITY
                     h, w = change[3:5] if change is not None else (height, width)
