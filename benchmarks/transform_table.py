@@ -15,6 +15,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+RESIZES = ("dali", "pillow")  # the resize option's settings, each a column
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from catalogue import CASES  # noqa: E402
 from photos import make_photo_folder  # noqa: E402
@@ -42,12 +43,13 @@ def main() -> None:
             for api in case.apis:
                 row = {"transform": case.name, "api": api, "expect": case.expect}
                 for dev in a.device:
-                    try:
-                        row[dev] = measure(case, api, root, device=dev, raw=dev == "gpu")
-                    except Exception as exc:  # a row, not a crash: the table shows it
-                        row[dev] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+                    for resize in RESIZES:
+                        try:
+                            row[(dev, resize)] = measure(case, api, root, device=dev, raw=dev == "gpu", resize=resize)
+                        except Exception as exc:  # a row, not a crash: the table shows it
+                            row[(dev, resize)] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
                 rows.append(row)
-                print(json.dumps(row, default=str), flush=True)
+                print(json.dumps({str(k): v for k, v in row.items()}, default=str), flush=True)
     import torch
     import torchvision
     try:
@@ -62,28 +64,30 @@ def main() -> None:
             "tensor) on 12 photographs, autoproxy against plain torchvision with the same seed.",
             "Error: max abs / mean abs / PSNR in uint8 levels (dB) over every pixel, the border included; `(float)` "
             "rows: max abs error of float output.",
-            "Resize and RandomResizedCrop of PIL images run DALI's resize here (the default); with "
-            "`resize=\"pillow\"` they equal Pillow's on every pixel (tests/test_resample.py, on DALI's CPU backend "
-            "and, for the Triton kernel, on the GPU), and so do the policies after them.",
+            "Each chain runs with both settings of the `resize` option: `dali` (the default: DALI's resize for "
+            "bilinear, bicubic and nearest resizes of PIL images and bilinear ones of tensors) and `pillow` "
+            "(Pillow's arithmetic for PIL images, torchvision's own kernel for tensors; the Triton kernel on "
+            "the GPU: tests/test_resample.py, tests/test_tensor_resize.py).",
             "The GPU column decodes with PIL in the worker (the transforms' error alone; nvJPEG's decoding "
             "differs from libjpeg-turbo's by about a level, see benchmarks/results/fidelity_*.md).",
             "`DALI`: the whole chain runs in DALI; `partial`: the worker runs the prefix up to and including "
             "the transform, DALI the rest; `fallback`: plain torchvision, for the reason given.", ""]
-    cols = " | ".join(f"error ({d} backend)" for d in a.device)
+    cols = " | ".join(f"error ({d} backend, resize=\"{resize}\")" for d in a.device for resize in RESIZES)
     lines = [f"| transform | API | expected | where | {cols} | reason |",
-             "|" + "---|" * (5 + len(a.device))]
+             "|" + "---|" * (5 + len(a.device) * len(RESIZES))]
     for r in rows:
-        first = r[a.device[0]]
+        first = r[(a.device[0], RESIZES[0])]
         where = first.get("status", "error")
         reason = (first.get("reason") or "").replace("|", "/") if where != "DALI" else ""
-        errs = " | ".join(_fmt(r[d]) for d in a.device)
+        errs = " | ".join(_fmt(r[(d, resize)]) for d in a.device for resize in RESIZES)
         lines.append(f"| {r['transform']} | {r['api']} | {r['expect']} | {where} | {errs} | {reason} |")
     text = "\n".join(head + lines) + "\n"
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         f.write(text)
     with open(os.path.splitext(a.out)[0] + ".json", "w") as f:
-        json.dump(rows, f, indent=1, default=str)
+        json.dump([{k if isinstance(k, str) else f"{k[0]}, resize={k[1]}": v for k, v in r.items()} for r in rows],
+                  f, indent=1, default=str)
     print(text)
 
 

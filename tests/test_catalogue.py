@@ -21,16 +21,17 @@ def pil_rgb(path):
         return img
 
 
-def measure(case, api, root, device="cpu", raw=False):
+def measure(case, api, root, device="cpu", raw=False, resize="dali"):
     """(status, reason, max abs error, mean abs error, PSNR) of autoproxy against torchvision;
     errors in uint8 levels, or in float units for float output. ``raw``: PIL decodes in the
-    worker, so the figure is the transforms' alone (nvJPEG decodes a little differently)."""
+    worker, so the figure is the transforms' alone (nvJPEG decodes a little differently);
+    ``resize``: the option of that name."""
     import torchvision
     ds = torchvision.datasets.ImageFolder(root, case.chain(api), loader=pil_rgb) if raw else \
         image_folder(root, case.chain(api))
     kw = dict(seed=17, shuffle=True, batch_size=case.batch)
     ref = load_all(ds, autoproxy=False, **kw)
-    out = load_all(ds, autoproxy=True, device=device, **kw)
+    out = load_all(ds, autoproxy=True, device=device, resize=resize, **kw)
     rep = last_report()
     status = "DALI" if rep["proxied"] and not rep["partial"] else "partial" if rep["proxied"] else "fallback"
     diffs, a_all, b_all = [], [], []
