@@ -103,9 +103,9 @@ def test_cpu_replay_of_the_plan_equals_torchvision(photo_root, case, api, pillow
     from PIL import Image
 
     from dali_autoproxy.backends.cpu_replay import run_plan
+    from dali_autoproxy.plan.learnt import LEARNT
     from dali_autoproxy.plan.planning import build_plan
     from dali_autoproxy.plan.recording import NeedsPixels
-    from dali_autoproxy.worker.proxy_node import _learn
     chain = case.chain(api)
     plan = build_plan(chain)
     for k, path in enumerate(sorted(pathlib.Path(photo_root).rglob("*.jpg"))[:3]):
@@ -121,7 +121,7 @@ def test_cpu_replay_of_the_plan_equals_torchvision(photo_root, case, api, pillow
                 row = plan.draw(img.size[1], img.size[0])
                 break
             except NeedsPixels as exc:
-                _learn(exc)
+                LEARNT.learn(exc)
                 plan = build_plan(chain)
         out = run_plan(plan, img, row)
         assert out.dtype == ref.dtype and out.shape == ref.shape

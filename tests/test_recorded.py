@@ -18,9 +18,10 @@ from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageOps
 from dali_autoproxy.backends.cpu_replay import CPU_KERNELS
 from dali_autoproxy.backends.torch_stage import TORCH_KERNELS
 from dali_autoproxy.backends.torch_stage.registry import Batch
+from dali_autoproxy.plan.learnt import LEARNT
 from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall
 from dali_autoproxy.plan.planning import build_plan
-from dali_autoproxy.plan.recording import PIXEL_READERS, NeedsPixels, RecordingImage, recording
+from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, recording
 
 # each recorded call, as user code writes it on a PIL image
 USER_CALLS = {
@@ -281,7 +282,7 @@ def test_a_users_pillow_class_runs_on_dali_equal_to_plain(photo_root, cls):
 
 @pytest.mark.parametrize("cls", [ReadsPixels, PastesInPlace, ReturnsGray], ids=lambda c: c.__name__)
 def test_a_class_that_needs_pixels_runs_in_the_worker_as_plain(photo_root, cls):
-    PIXEL_READERS.pop(cls, None)  # what the main process learnt in an earlier test
+    LEARNT.pixel_readers.pop(cls, None)  # what the main process learnt in an earlier test
     ds = image_folder(photo_root, _chain(cls, normalize=False))  # DALI's normalize: within 1 ulp
     ref, out = _runs(ds)
     _assert_equal(ref, out)
@@ -298,7 +299,7 @@ def test_a_class_that_needs_pixels_runs_in_the_worker_as_plain(photo_root, cls):
 
 def test_a_class_that_needs_pixels_at_the_end_of_its_chain_is_reported(photo_root):
     """Nothing worth moving is left after it: the chain runs as written, the report says why."""
-    PIXEL_READERS.pop(ReadsPixels, None)
+    LEARNT.pixel_readers.pop(ReadsPixels, None)
     ds = image_folder(photo_root, T.Compose([T.RandomResizedCrop(48), ReadsPixels(), T.PILToTensor()]))
     ref, out = _runs(ds)
     _assert_equal(ref, out)
@@ -329,7 +330,7 @@ def test_recorded_and_replanned_in_the_main_process_and_in_spawned_workers(photo
     workers (which start from the defaults and get the patches and settings from the installer)."""
     kw = {"num_workers": 0} if how == "num_workers=0" else {"multiprocessing_context": "spawn"}
     for cls in (SelfSupervisedBlur, ReadsPixels):
-        PIXEL_READERS.pop(cls, None)
+        LEARNT.pixel_readers.pop(cls, None)
         ds = image_folder(photo_root, _chain(cls, normalize=False))
         ref, out = _runs(ds, **kw)
         _assert_equal(ref, out)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, List, Optional, Tuple
 
 from dali_autoproxy.plan.ir import Op, Placement, ToCHW, Unsupported, split_at_takeover
+from dali_autoproxy.plan.learnt import LEARNT
 from dali_autoproxy.plan.pillow_ops import PillowCall
-from dali_autoproxy.plan.recording import PIXEL_READERS
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.steps import ChainState, SampleGeometry, Step
 from dali_autoproxy.plan.translate import flatten, is_chain, lookup, transform_name
@@ -266,7 +266,7 @@ def _convert(t: Any, state: ChainState, alloc, counter: List[int]) -> Step:
     except Unsupported as exc:
         why_not, refused = cannot_record(t, before), str(exc)
         if why_not is not None:
-            raise Unsupported(why_not if type(t) in PIXEL_READERS else refused) from None
+            raise Unsupported(why_not if type(t) in LEARNT.pixel_readers else refused) from None
     counter[0] = mark
     state.__dict__.update(before.__dict__)
     return record_step(t, state, alloc, refused)

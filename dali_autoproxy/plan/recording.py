@@ -29,7 +29,7 @@ import numbers
 import os
 import sys
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 from PIL import Image, ImageFilter
@@ -37,6 +37,7 @@ from PIL import Image, ImageFilter
 from dali_autoproxy.plan.pillow_ops import BUILTIN_KERNELS
 
 Call = Tuple[Any, ...]  # (PILLOW_CALLS name, a, b, c), or a size change: GEOMETRY_CALLS
+CallShape = Tuple[Tuple[str, ...], Tuple[int, ...]]  # the size changes in order, and calls planned around them
 # calls that change the size, recorded as their own ops (ir.Crop, ir.PillowResize):
 #   ("crop", top, left, height, width): Image.crop, outside the image zeros as Pillow's
 #   ("resize", height, width, filter, top, left, bottom, right): Image.resize of its box, any of Pillow's
@@ -72,7 +73,7 @@ class NeedsPixels(BaseException):
     that the user's ``except Exception`` does not swallow it and change what the code does."""
 
     def __init__(self, what: str, where: Optional[str] = None, calls: Optional[int] = None,
-                 transform: Optional[type] = None, shape: Optional["CallShape"] = None,
+                 transform: Optional[type] = None, shape: Optional[CallShape] = None,
                  instance: Any = None):
         super().__init__(what if where is None else f"{what} at {where}")
         self.what, self.where = what, where
@@ -366,10 +367,3 @@ def classify_table(table: list) -> Optional[Tuple[Any, ...]]:
 def threshold_of_add(table: list) -> int:
     """Where a solarize_add table starts to leave values as they are (256: nowhere)."""
     return next((i for i in range(256) if table[i] == i), 256)
-
-
-# what planning knows of transforms that were recorded (process-wide; each worker learns its own)
-PIXEL_READERS: Dict[type, str] = {}   # transform type: the call that needed pixels (it runs in the worker)
-CALL_WIDTHS: Dict[type, int] = {}     # transform type: recorded calls planned per sample (grows)
-CallShape = Tuple[Tuple[str, ...], Tuple[int, ...]]  # the size changes in order, and calls planned around them
-CALL_SHAPES: Dict[int, Tuple[Any, CallShape]] = {}  # id(transform): (the transform, its shape) once it changed sizes

@@ -26,6 +26,7 @@ from PIL import Image
 
 from dali_autoproxy.config import logger
 from dali_autoproxy.plan.ir import Unsupported
+from dali_autoproxy.plan.learnt import LEARNT
 from dali_autoproxy.plan.planning import Plan, build_joint_plan
 from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage
 from dali_autoproxy.plan.recording_tensor import RecordingTensor, settled
@@ -35,7 +36,7 @@ from dali_autoproxy.transport import ENCODED, RAW, WHY_RECORDING, ProxySample
 from dali_autoproxy.tree import flatten, unflatten
 from dali_autoproxy.worker.collate import rng_states, set_rng_states
 from dali_autoproxy.worker.deferred import encoded_jpeg
-from dali_autoproxy.worker.proxy_node import MAX_REPLANS, _learn, _why_decoded_here
+from dali_autoproxy.worker.proxy_node import MAX_REPLANS, _why_decoded_here
 
 NOT_TAKEN = object()  # what a JointNode returns for a call it leaves to the transform as written
 
@@ -180,7 +181,7 @@ class JointNode:
                 return NOT_TAKEN
             except NeedsPixels as exc:  # learn, plan again, draw again from the same states
                 set_rng_states(states)
-                _learn(exc)
+                LEARNT.learn(exc)
                 self._planned = False
                 continue
             plan = self.plan

@@ -22,15 +22,9 @@ from PIL import Image
 
 from dali_autoproxy.config import logger
 from dali_autoproxy.plan.ir import Unsupported
+from dali_autoproxy.plan.learnt import LEARNT
 from dali_autoproxy.plan.planning import Plan, build_joined_plan, build_plan
-from dali_autoproxy.plan.recording import (
-    CALL_SHAPES,
-    CALL_WIDTHS,
-    MAX_CALLS,
-    PIXEL_READERS,
-    NeedsPixels,
-    call_token,
-)
+from dali_autoproxy.plan.recording import NeedsPixels, call_token
 from dali_autoproxy.plan.steps import SampleGeometry
 from dali_autoproxy.plan.translate import flatten
 from dali_autoproxy.transport import (
@@ -49,7 +43,6 @@ from dali_autoproxy.worker.handover import HandedImage
 
 MAX_REPLANS = 8  # plans tried for one sample before its chain runs as the last one says
 _UNPLANNED = object()  # a plan not made yet
-MAX_SIZE_CHANGES = 8  # crops and resizes planned for one recorded transform; more: it runs in the worker
 
 
 def _why_decoded_here(img: Any) -> str:
@@ -58,18 +51,6 @@ def _why_decoded_here(img: Any) -> str:
     if type(img) is not DeferredJpeg and getattr(img, "format", None) is not None and getattr(img, "_im", 1) is None:
         return WHY_NOT_PLAIN_JPEG  # a file Pillow opened, untouched, that is no ordinary JPEG
     return WHY_DECODED
-
-
-def _learn(exc: NeedsPixels) -> None:
-    """What a recorded transform's NeedsPixels says, for the plans made from now on: it made
-    more calls than planned (plan more), or it needs pixels (it runs in the worker)."""
-    if exc.calls is not None and exc.calls <= MAX_CALLS:
-        CALL_WIDTHS[exc.transform] = min(MAX_CALLS, max(exc.calls, 2 * CALL_WIDTHS.get(exc.transform, 1)))
-    elif exc.shape is not None and len(exc.shape[0]) <= MAX_SIZE_CHANGES:
-        CALL_SHAPES[id(exc.instance)] = (exc.instance, exc.shape)  # the instance kept: its id stays its own
-    else:
-        PIXEL_READERS[exc.transform] = str(exc)
-        logger.info("dali_autoproxy: %s; it runs in the worker", exc)
 
 
 class DatasetResize:
@@ -164,7 +145,7 @@ class ProxyNode:
             params, shape = plan.draw_from(g, len(img.plan.steps))
         except NeedsPixels as exc:  # a recorded step of this chain: the image gets its pixels
             set_rng_states(states)
-            _learn(exc)
+            LEARNT.learn(exc)
             del self.joined[head]
             return None
         data, _, path = img.jpeg
@@ -179,7 +160,7 @@ class ProxyNode:
         if self.kept is None:  # planned with the first image's calls: a crop or resize, no call around it
             self.kept = DatasetResize()
             tokens = tuple(call_token(call) for call in img.recorded)
-            CALL_SHAPES[id(self.kept)] = (self.kept, (tokens, (0,) * (len(tokens) + 1)))
+            LEARNT.set_shape(self.kept, (tokens, (0,) * (len(tokens) + 1)))
         for _ in range(MAX_REPLANS):
             if self.kept_plan is _UNPLANNED:
                 try:
@@ -196,7 +177,7 @@ class ProxyNode:
                 params, shape = plan.draw_sample(height, width)
             except NeedsPixels as exc:
                 set_rng_states(states)
-                _learn(exc)
+                LEARNT.learn(exc)
                 self.kept_plan = _UNPLANNED  # planned again, knowing more
                 continue
             data, path = img.source.data, img.source.path
@@ -216,7 +197,7 @@ class ProxyNode:
         """Plan the chain again, knowing what ``exc`` says of the recorded transform: it made more
         calls than planned (plan more), or it needs pixels (it runs in the worker, and the report
         says why). The new plan travels with the samples."""
-        _learn(exc)
+        LEARNT.learn(exc)
         try:
             plan = build_plan(self.original)
         except Unsupported:

@@ -5,8 +5,8 @@ where the chain holds an RGB PIL image: a user's class, a function in a Compose,
 transform whose arguments have no translation. The step's drawer runs the transform itself, in
 the worker, on a :class:`~dali_autoproxy.plan.recording.RecordingImage` of the sample's size;
 the Pillow calls it made become ``PillowCall`` ops with the arguments it passed (a few positions
-per transform: ``CALL_WIDTHS``, grown when a sample records more), its crops and resizes
-``Crop`` and ``PillowResize`` ops (the plan's shape, ``CALL_SHAPES``, learnt from the first
+per transform: ``LEARNT.call_widths``, grown when a sample records more), its crops and resizes
+``Crop`` and ``PillowResize`` ops (the plan's shape, ``LEARNT.shape_of``, learnt from the first
 sample that makes them; a sample that does not make one gets its neutral values). Where it
 needs pixels, or returns anything but an RGB recording image, the drawer raises
 ``NeedsPixels`` and the worker plans the chain again with this transform in the worker (or,
@@ -26,13 +26,11 @@ from dali_autoproxy.plan.ir import (
     TensorResize,
     Warp,
 )
+from dali_autoproxy.plan.learnt import LEARNT
 from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall, RaggedPillowCall
 from dali_autoproxy.plan.recording import (
-    CALL_SHAPES,
-    CALL_WIDTHS,
     GEOMETRY_CALLS,
     MAX_CALLS,
-    PIXEL_READERS,
     CallShape,
     NeedsPixels,
     RecordingImage,
@@ -55,17 +53,17 @@ def cannot_record(t: object, state: ChainState) -> Optional[str]:
         return f"{transform_name(t)} on {state.kind} images with {state.channels} channels is not recorded"
     if not callable(t) or isinstance(t, type) or type(t) in compose_types():
         return f"{transform_name(t)} is not a transform"
-    return PIXEL_READERS.get(type(t))
+    return LEARNT.pixel_readers.get(type(t))
 
 
 def planned_shape(t: object) -> CallShape:
     """The size changes ``t`` is planned with, in order, and the Pillow calls planned before,
-    between and after them: what it recorded before (``CALL_SHAPES``), else none and
-    ``CALL_WIDTHS`` calls."""
-    known = CALL_SHAPES.get(id(t))
-    if known is not None and known[0] is t:
-        return known[1]
-    return (), (CALL_WIDTHS.get(type(t), DEFAULT_CALLS),)
+    between and after them: what it recorded before (``LEARNT.shape_of``), else none and
+    ``LEARNT.call_widths`` calls."""
+    known = LEARNT.shape_of(t)
+    if known is not None:
+        return known
+    return (), (LEARNT.call_widths.get(type(t), DEFAULT_CALLS),)
 
 
 FLIPS = ("hflip", "vflip")  # in a joint transform's plan, recorded as Flip ops (DALI's, or the stage's on any size)
@@ -162,9 +160,9 @@ def guess_tensor_tail(t: object) -> bool:
     """A recorded transform that ends a chain on a PIL image: planned, until a sample shows what
     it does, as making a tensor the way ``to_tensor`` does (a chain must end in one); False where
     its shape is known already."""
-    if id(t) in CALL_SHAPES and CALL_SHAPES[id(t)][0] is t:
+    if LEARNT.shape_of(t) is not None:
         return False
-    CALL_SHAPES[id(t)] = (t, ((("tensor", "to_tensor"),), (CALL_WIDTHS.get(type(t), DEFAULT_CALLS), 0)))
+    LEARNT.set_shape(t, ((("tensor", "to_tensor"),), (LEARNT.call_widths.get(type(t), DEFAULT_CALLS), 0)))
     return True
 
 
