@@ -189,8 +189,8 @@ def test_fallback_untranslated_transform(photo_root):
 
 
 def test_fallback_unsupported_argument(photo_root):
-    tf = T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor(), T.RandomErasing(p=1.0, value="random")])
-    _fallback_case(image_folder(photo_root, tf), "fills with torch's normal noise")
+    tf = T.Compose([T.ToTensor(), T.Resize(64, interpolation=T.InterpolationMode.NEAREST), T.CenterCrop(64)])
+    _fallback_case(image_folder(photo_root, tf), "NEAREST on tensors")
 
 
 def test_fallback_no_batching(photo_root):
@@ -400,31 +400,3 @@ def test_forked_worker_never_tears_down_inherited_pipelines(tmp_path):
     """))
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.split()[-1] == "8", res.stderr[-2000:]
-
-
-def test_a_new_loader_with_a_gone_loaders_plan_reuses_its_pipeline(photo_root):
-    """An eval loader built anew each epoch: the second one takes the pipeline the first left
-    (same plan, batch size and settings), its batches plain's; another batch size builds its
-    own; disable() closes the kept ones."""
-    import gc
-
-    from dali_autoproxy.main.spare_runners import SPARE
-    ds = image_folder(photo_root, EVAL())
-    ref = [b[0] for b in load_all(ds, autoproxy=False, batch_size=4, num_workers=2)]
-    dali_autoproxy.enable(device="cpu", log_level="ERROR", resize="pillow")
-    try:
-        runners = []
-        for batch_size in (4, 4, 3):
-            loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, num_workers=2)
-            it = iter(loader)
-            got = [x for x, _ in it]
-            runners.append(set(map(id, it._self_runners.values())))
-            if batch_size == 4:
-                assert all(torch.equal(a, b) for a, b in zip(ref, got))
-            del loader, it
-            gc.collect()
-        assert runners[0] == runners[1] and not runners[2] & runners[0], runners
-        assert SPARE.reused >= 1
-    finally:
-        dali_autoproxy.disable()
-    assert SPARE.take(*(None,) * 7) is None and not SPARE._runners

@@ -18,7 +18,6 @@ from typing import Any, List, Optional
 import wrapt
 
 from dali_autoproxy.config import Options, logger
-from dali_autoproxy.main.spare_runners import SPARE
 from dali_autoproxy.patches import ledger, unsupported
 from dali_autoproxy.plan import settings
 
@@ -54,7 +53,6 @@ class DataLoaderHooks:
         command's: arm A measures plain loaders, and the recorder times every loader."""
         with self._lock:
             self.options = options  # a second enable() only updates the options
-            SPARE.open = True
             self.proxy, self.recorder = proxy, recorder
             settings.configure(fidelity=options.fidelity, resize=options.resize, record=options.record,
                                strict=options.strict)
@@ -71,7 +69,6 @@ class DataLoaderHooks:
             ledger.undo_all()
             for state in list(self.states.values()):  # idle pipelines hold GPU memory: free them now
                 state.close()
-            SPARE.close()
             self.options = None
             settings.reset()
             self.proxy, self.recorder = True, None

@@ -1,19 +1,16 @@
 """What autoproxy knows about one DataLoader, in the main process: its report row, the plans
-its workers use, and its idle DALI runners (kept between epochs, handed back by each iterator,
-and kept for the process's next loaders once the loader is gone: ``spare_runners``)."""
+its workers use, and its idle DALI runners (kept between epochs, handed back by each iterator)."""
 from __future__ import annotations
 
 import collections
 import itertools
 import threading
-import weakref
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 
 from dali_autoproxy.config import Options, StrictModeError, logger
 from dali_autoproxy.main.decision import Decision
-from dali_autoproxy.main.spare_runners import SPARE
 from dali_autoproxy.plan.planning import Plan
 from dali_autoproxy.transport import ENCODED, SHARED, ProxyBatch
 
@@ -37,8 +34,6 @@ class LoaderState:
             "iterated": False,  # report() lists the loaders a loop iterated (accelerate rebuilds the others)
         }
         self.idle_runners: Dict[RunnerKey, list] = collections.defaultdict(list)
-        self.gone = False  # the loader is gone: its runners are kept for the next loaders (SPARE)
-        weakref.finalize(loader, self._loader_gone).atexit = False
         self.plans: Dict[str, Plan] = {}
         self.used: set = set()  # keys of the plans batches came with (a worker may replan a chain)
         self.routed = 0  # chain outputs (views) the workers sent as proxies, DALI's or done in the worker
@@ -187,9 +182,8 @@ class LoaderState:
 
     def take_runner(self, key: str, kind: str, batch_size: int, device: str, ahead: int,
                     hw_decoder_load: float):
-        """An idle runner for plan ``key`` (kind ``shared``: the views' keys joined by "+"): this
-        loader's, or one a gone loader left (``spare_runners``), or a new one; KeyError where a
-        plan was never announced."""
+        """An idle runner for plan ``key`` (kind ``shared``: the views' keys joined by "+"), or a
+        new one; KeyError where a plan was never announced."""
         # DALI is optional: its back end (which imports it) loads when a first pipeline is built
         from dali_autoproxy.backends.dali.runner import DaliRunner
         plans = [self.plans[k] for k in key.split("+")] if kind == SHARED else self.plans[key]
@@ -201,27 +195,12 @@ class LoaderState:
                     runner.drain()
                     return runner
         device_id = torch.cuda.current_device() if device == "gpu" else None
-        spare = SPARE.take(key, kind, batch_size, ahead, hw_decoder_load, device, device_id)
-        if spare is not None:
-            spare.drain()
-            return spare
         return DaliRunner(plans, kind, batch_size, device, device_id, ahead=ahead, hw_decoder_load=hw_decoder_load)
 
     def give_back(self, runners: Dict[RunnerKey, Any]) -> None:
-        """An iterator's runners, idle again: this loader's, or the next loaders' once it is gone."""
         with self.lock:
             for key, runner in runners.items():
                 self.idle_runners[key].append(runner)
-            if not self.gone:
-                return
-            idle, self.idle_runners = self.idle_runners, collections.defaultdict(list)
-        SPARE.keep(idle)
-
-    def _loader_gone(self) -> None:
-        with self.lock:
-            self.gone = True
-            idle, self.idle_runners = self.idle_runners, collections.defaultdict(list)
-        SPARE.keep(idle)
 
     def close(self) -> None:
         """Close the idle runners (their threads and pipelines): the loader is gone."""
