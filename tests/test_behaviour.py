@@ -189,8 +189,8 @@ def test_fallback_untranslated_transform(photo_root):
 
 
 def test_fallback_unsupported_argument(photo_root):
-    tf = T.Compose([T.ToTensor(), T.Resize(64, interpolation=T.InterpolationMode.NEAREST), T.CenterCrop(64)])
-    _fallback_case(image_folder(photo_root, tf), "NEAREST on tensors")
+    tf = T.Compose([T.Resize(64), T.CenterCrop(64), T.ToTensor(), T.RandomErasing(p=1.0, value="random")])
+    _fallback_case(image_folder(photo_root, tf), "fills with torch's normal noise")
 
 
 def test_fallback_no_batching(photo_root):

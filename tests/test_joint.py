@@ -229,12 +229,12 @@ def test_a_transform_that_raises_on_some_samples_raises_plains_error_at_plains_s
 
 
 def test_a_joint_chain_that_needs_pixels_runs_as_written_and_says_why(coco_root):
-    """A bicubic resize of a tensor (torch's bicubic arithmetic, up to several levels from
-    Pillow's) is not recorded: the chain runs in the worker (plain's results) and the report says
-    which joint transform and why; nothing is shown as proxied."""
-    chain = v2.Compose([v2.PILToTensor(), v2.RandomShortestSize(min_size=(160, 192), max_size=400,
-                                                                interpolation=v2.InterpolationMode.BICUBIC),
-                        v2.ToDtype(torch.float, scale=True), v2.SanitizeBoundingBoxes(), v2.ToPureTensor()])
+    """A resize of a float tensor (after ToDtype: no longer the image's uint8 values as they are)
+    is not recorded: the chain runs in the worker (plain's results) and the report says which
+    joint transform and why; nothing is shown as proxied."""
+    chain = v2.Compose([v2.PILToTensor(), v2.ToDtype(torch.float, scale=True),
+                        v2.RandomShortestSize(min_size=(160, 192), max_size=400),
+                        v2.SanitizeBoundingBoxes(), v2.ToPureTensor()])
     ds = coco_dataset(coco_root, Preset(chain))
     ref = load_all(ds, autoproxy=False, collate_fn=collate_fn, batch_size=4, seed=1)
     out = load_all(ds, autoproxy=True, collate_fn=collate_fn, batch_size=4, seed=1, device="cpu")
