@@ -5,9 +5,11 @@ CPU backend every value equal to plain torchvision's (uint8 every level, floats 
 rounding); on the GPU torch's CUDA kernels, within a level."""
 import pytest
 import torch
+import torchvision
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from helpers import image_folder, last_report, load_all
+from test_catalogue import pil_rgb
 
 I = T.InterpolationMode
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -40,20 +42,24 @@ CASES = [  # (api, geometry, interpolation, antialias, dtype, resize)
 @pytest.mark.parametrize("api,geometry,interpolation,antialias,dtype,resize", CASES,
                          ids=["-".join(str(getattr(v, "value", v)) for v in c) for c in CASES])
 def test_a_tensor_resize_is_torchvisions(photo_root, device, api, geometry, interpolation, antialias, dtype, resize):
-    ds = image_folder(photo_root, _chain(api, geometry, interpolation, antialias, dtype))
+    chain = _chain(api, geometry, interpolation, antialias, dtype)
+    # on the GPU, Pillow decodes in the worker: the resize's difference alone (nvJPEG's is its own)
+    ds = image_folder(photo_root, chain) if device == "cpu" else torchvision.datasets.ImageFolder(
+        photo_root, chain, loader=pil_rgb)
     ref = load_all(ds, autoproxy=False, shuffle=True, seed=7)
     out = load_all(ds, autoproxy=True, shuffle=True, seed=7, device=device, resize=resize, strict=True)
     rep = last_report()
     assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
-    worst, share = 0.0, 0.0
+    worst, mean = 0.0, 0.0
     for (a, la), (b, lb) in zip(ref, out):
         assert torch.equal(la, lb) and a.shape == b.shape and a.dtype == b.dtype
         d = (a.double() - b.cpu().double()).abs()
-        worst, share = max(worst, float(d.max())), max(share, float((d > 0).double().mean()))
+        worst, mean = max(worst, float(d.max())), max(mean, float(d.mean()))
+    level = 1 if dtype == "uint8" else 1 / 255
     if device == "cpu":
         assert worst <= (0 if dtype == "uint8" else 1e-5), worst
-    else:  # torch's CUDA kernels (float32), nvJPEG's decode
-        assert worst <= (2 if dtype == "uint8" else 2 / 255) and share < 0.05, (worst, share)
+    else:  # torch's CUDA kernels (float32) against the CPU's (uint8 fixed point, or float32 in another order)
+        assert worst <= 2 * level and mean <= 0.2 * level, (worst / level, mean / level)
 
 
 def test_a_bilinear_tensor_resize_stays_dalis_by_default():
