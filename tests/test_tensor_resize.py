@@ -47,9 +47,9 @@ def test_a_tensor_resize_is_torchvisions(photo_root, device, api, geometry, inte
     ds = image_folder(photo_root, chain) if device == "cpu" else torchvision.datasets.ImageFolder(
         photo_root, chain, loader=pil_rgb)
     ref = load_all(ds, autoproxy=False, shuffle=True, seed=7)
-    out = load_all(ds, autoproxy=True, shuffle=True, seed=7, device=device, resize=resize, strict=True)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=7, device=device, resize=resize, strict=device == "cpu")
     rep = last_report()
-    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+    assert rep["proxied"] and not rep["partial"] and (device == "gpu" or rep["decode"] == "DALI 100%"), rep
     worst, mean = 0.0, 0.0
     for (a, la), (b, lb) in zip(ref, out):
         assert torch.equal(la, lb) and a.shape == b.shape and a.dtype == b.dtype
