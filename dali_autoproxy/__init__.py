@@ -22,7 +22,8 @@ def enable(*, device: Optional[str] = None, output: Optional[str] = None,
            log_level: Optional[str] = None, fidelity: Optional[str] = None,
            lookahead: Optional[int] = None, hw_decoder_load: Optional[float] = None,
            resize: Optional[str] = None, record: Optional[str] = None,
-           shared_decode: Optional[str] = None, strict: Optional[bool] = None) -> None:
+           shared_decode: Optional[str] = None, strict: Optional[bool] = None,
+           augmix: Optional[str] = None) -> None:
     """Patch torch's DataLoader so recognised torchvision transforms run in DALI.
 
     device: "auto" (GPU when CUDA and DALI are usable, else plain torchvision), "gpu", or
@@ -41,13 +42,15 @@ def enable(*, device: Optional[str] = None, output: Optional[str] = None,
     (each view decodes its own region). strict: True raises StrictModeError, naming the step and
     the reason, wherever the data would not run on DALI (a loader that falls back, a step or a
     decode left in the worker, a chain call not taken over, a batch DALI failed on): for a CI
-    that must know its pipeline runs on DALI. Each falls back to DALI_AUTOPROXY_DEVICE / _OUTPUT /
-    _LOG / _FIDELITY / _LOOKAHEAD / _HW_DECODER_LOAD / _RESIZE / _RECORD / _SHARED_DECODE / _STRICT.
+    that must know its pipeline runs on DALI. augmix: "worker" (default: AugMix runs in the worker,
+    as written) or "stage" (in the torch stage, the same values; slower than the workers where
+    measured). Each falls back to DALI_AUTOPROXY_DEVICE / _OUTPUT / _LOG / _FIDELITY / _LOOKAHEAD /
+    _HW_DECODER_LOAD / _RESIZE / _RECORD / _SHARED_DECODE / _STRICT / _AUGMIX.
     Calling it again only updates the options.
     """
     options = resolve_options(device, output, log_level, fidelity, lookahead=lookahead,
                               hw_decoder_load=hw_decoder_load, resize=resize, record=record,
-                              shared_decode=shared_decode, strict=strict)
+                              shared_decode=shared_decode, strict=strict, augmix=augmix)
     configure_logging(options.log_level)
     if options.device != "cpu":  # before torchvision loads its older copy (see nvjpeg.py)
         from dali_autoproxy.backends.dali.nvjpeg import preload

@@ -16,6 +16,7 @@ OUTPUTS = ("auto", "cpu")
 FIDELITIES = ("exact", "fast")
 RESIZES = ("dali", "pillow")
 RECORDS = ("on", "off")
+AUGMIXES = ("worker", "stage")
 SHARED_DECODES = ("on", "off")
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
 ENABLE_VALUES_ON = ("1", "true", "yes", "on")
@@ -31,6 +32,7 @@ LOOKAHEAD_RANGE = (1, 64)
 ENV_HW_DECODER_LOAD = "DALI_AUTOPROXY_HW_DECODER_LOAD"
 ENV_RESIZE = "DALI_AUTOPROXY_RESIZE"
 ENV_RECORD = "DALI_AUTOPROXY_RECORD"
+ENV_AUGMIX = "DALI_AUTOPROXY_AUGMIX"
 ENV_SHARED_DECODE = "DALI_AUTOPROXY_SHARED_DECODE"
 ENV_STRICT = "DALI_AUTOPROXY_STRICT"
 ENV_TRITON = "DALI_AUTOPROXY_TRITON"
@@ -59,6 +61,10 @@ class Options:
     # "on": a transform without a translation, on a PIL image, is called with a recording image
     # (plan/recording.py) and its Pillow calls run on DALI's side; "off": it runs in the worker.
     record: str = "on"
+    # "worker": AugMix (torchvision's and timm's) runs in the worker, as written; "stage": in the
+    # torch stage, with the same values, slower than the workers where measured
+    # (benchmarks/results/augmix_steady_h200.md).
+    augmix: str = "worker"
     # "on": the views a multi-view recipe makes of one image (one per position of the sample) are
     # decoded once, each view cropped from that decode in one pipeline; "off": each view decodes
     # its own region of the JPEG (fewer pixels per decode, as many decodes as views).
@@ -137,7 +143,7 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
                     environ: Optional[Mapping[str, str]] = None, lookahead: Optional[int] = None,
                     hw_decoder_load: Optional[float] = None, resize: Optional[str] = None,
                     record: Optional[str] = None, shared_decode: Optional[str] = None,
-                    strict: Optional[str] = None) -> Options:
+                    strict: Optional[str] = None, augmix: Optional[str] = None) -> Options:
     """Merge keyword arguments over environment variables and validate both."""
     env = os.environ if environ is None else environ
     triton_allowed(env)  # read where the kernels load (backends/torch_stage/fused_color.py); checked here too
@@ -154,6 +160,7 @@ def resolve_options(device: Optional[str] = None, output: Optional[str] = None,
         shared_decode=_pick("shared_decode", shared_decode, ENV_SHARED_DECODE, SHARED_DECODES, env,
                             Options.shared_decode),
         strict=_pick_switch("strict", strict, ENV_STRICT, env, Options.strict),
+        augmix=_pick("augmix", augmix, ENV_AUGMIX, AUGMIXES, env, Options.augmix),
     )
 
 

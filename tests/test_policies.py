@@ -122,3 +122,63 @@ def test_tensor_policy_operations_equal_torchvision_per_image(device, api, inter
         else:
             ref = _apply_op(u8[i], name, mag, interpolation=mode, fill=None if fill is None else list(fill))
         assert torch.equal(out[i].to(torch.uint8), ref), (name, mag)
+
+
+AUGMIX_CHAINS = {  # the catalogue's AugMix rows
+    "default": lambda m: [m.CenterCrop(200), m.AugMix(), m.PILToTensor()],
+    "severity 5, width 4, depth 2, nearest, fill, not all ops": lambda m: [m.CenterCrop(200), m.AugMix(
+        5, 4, 2, alpha=0.5, all_ops=False, interpolation=InterpolationMode.NEAREST, fill=[9, 99, 199]),
+        m.PILToTensor()],
+    "on a uint8 tensor": lambda m: [m.PILToTensor(), m.CenterCrop(200), m.AugMix()],
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("api", ["v1", "v2"])
+@pytest.mark.parametrize("chain", sorted(AUGMIX_CHAINS))
+def test_augmix_in_the_torch_stage_is_torchvisions(photo_root, chain, api, device):
+    """AugMix with augmix="stage" (forward's draws in the worker, the copies' operations and the
+    float32 mixing in the torch stage): every pixel plain's on the CPU backend (the GPU: Pillow
+    decodes in the worker, the operations' CUDA arithmetic within a level); the CPU replay of the
+    plan (what a batch DALI fails on gets) equals torchvision for one photograph."""
+    import random
+
+    import torchvision
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+    from helpers import image_folder, last_report, load_all
+    from test_catalogue import pil_rgb
+
+    from dali_autoproxy.backends.cpu_replay import run_plan
+    from dali_autoproxy.plan.planning import build_plan
+    from dali_autoproxy.plan.settings import SETTINGS
+    m = T if api == "v1" else v2
+    tf = m.Compose(AUGMIX_CHAINS[chain](m))
+    ds = image_folder(photo_root, tf) if device == "cpu" else torchvision.datasets.ImageFolder(photo_root, tf,
+                                                                                               loader=pil_rgb)
+    ref = load_all(ds, autoproxy=False, shuffle=True, seed=17)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=17, device=device, augmix="stage", strict=device == "cpu")
+    rep = last_report()
+    assert rep["proxied"] and not rep["partial"] and any("AugMix" in n for n in rep["dali_transforms"]), rep
+    worst, mean = 0.0, 0.0
+    for (a, la), (b, lb) in zip(ref, out):
+        assert torch.equal(la, lb) and a.dtype == b.dtype == torch.uint8
+        d = (a.int() - b.cpu().int()).abs().double()
+        worst, mean = max(worst, float(d.max())), max(mean, float(d.mean()))
+    assert (worst, mean) == (0.0, 0.0) if device == "cpu" else (worst <= 1 and mean <= 1e-3), (worst, mean)
+    if device == "cpu":
+        before = SETTINGS["augmix"]
+        SETTINGS["augmix"] = "stage"
+        try:
+            plan = build_plan(tf)
+        finally:
+            SETTINGS["augmix"] = before
+        img = pil_rgb(ds.samples[0][0])
+        torch.manual_seed(3)
+        random.seed(3)
+        expected = tf(img)
+        torch.manual_seed(3)
+        random.seed(3)
+        row = plan.draw(img.size[1], img.size[0])
+        replayed = run_plan(plan, img, row)
+        assert torch.equal(torch.as_tensor(expected), torch.as_tensor(replayed))

@@ -150,13 +150,14 @@ def test_timm_rand_augment_runs_on_dali_solarize_add_included(photo_root, device
 @pytest.mark.parametrize("device", ERASING_DEVICES)
 @pytest.mark.parametrize("config", ["augmix-m5-w4-d2", "augmix-m3-w3", "augmix-m9-w2-d1-a0.5"])
 def test_timm_augmix_runs_on_dali_equal_to_plain(photo_root, device, config):
-    """timm's AugMixAugment as create_transform makes it (its ops recorded, mixed in float32,
-    blended as Pillow blends), the depth drawn per copy or fixed: decoded on DALI, every pixel
-    plain's on the CPU backend."""
+    """timm's AugMixAugment as create_transform makes it, with augmix="stage" (its ops recorded,
+    mixed in float32, blended as Pillow blends), the depth drawn per copy or fixed: decoded on
+    DALI, every pixel plain's on the CPU backend."""
     tf = timm_data.create_transform(96, is_training=True, auto_augment=config, color_jitter=None)
     ds = image_folder(photo_root, tf)
     ref = load_all(ds, autoproxy=False, shuffle=True, seed=4)
-    out = load_all(ds, autoproxy=True, shuffle=True, seed=4, device=device, resize="pillow", strict=True)
+    out = load_all(ds, autoproxy=True, shuffle=True, seed=4, device=device, resize="pillow", strict=True,
+                   augmix="stage")
     rep = last_report()
     assert rep["proxied"] and rep["decode"] == "DALI 100%" and "AugMixAugment" in rep["dali_transforms"], rep
     if device == "cpu":
@@ -166,8 +167,13 @@ def test_timm_augmix_runs_on_dali_equal_to_plain(photo_root, device, config):
         compare(ref, [(x.cpu(), y) for x, y in out], mae_max=1.5, psnr_min=36.0)
 
 
-def test_timm_augmix_that_cannot_be_translated_says_why():
+def test_timm_augmix_that_cannot_be_translated_says_why(monkeypatch):
     from timm.data.auto_augment import augment_and_mix_transform
+
+    from dali_autoproxy.plan.settings import SETTINGS
+    plain = augment_and_mix_transform("augmix-m3-w3", {"interpolation": 2})
+    assert 'augmix="worker", the default' in why_not(T.Compose([plain, T.ToTensor()]))
+    monkeypatch.setitem(SETTINGS, "augmix", "stage")
     blended = augment_and_mix_transform("augmix-m3-w3-b1", {"interpolation": 2})
     assert "blended mode" in why_not(T.Compose([blended, T.ToTensor()]))
     random_filter = augment_and_mix_transform("augmix-m3-w3", {})  # no interpolation hparam: drawn per op

@@ -55,7 +55,7 @@ class DataLoaderHooks:
             self.options = options  # a second enable() only updates the options
             self.proxy, self.recorder = proxy, recorder
             settings.configure(fidelity=options.fidelity, resize=options.resize, record=options.record,
-                               strict=options.strict)
+                               strict=options.strict, augmix=options.augmix)
             if not self._hook_registered:
                 wrapt.register_post_import_hook(self._patch_dataloader, _DATALOADER_MODULE)
                 self._hook_registered = True

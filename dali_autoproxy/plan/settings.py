@@ -1,4 +1,5 @@
-"""The planning options of enable() (``fidelity``, ``resize``, ``record``, ``strict``), as planning reads them.
+"""The planning options of enable() (``fidelity``, ``resize``, ``record``, ``strict``, ``augmix``), as planning
+reads them.
 
 Set in the main process by the DataLoader hooks; a loader's workers get them from its
 ``worker_init_fn`` (``worker/install.py``), so spawned and forkserver workers, which start from
@@ -8,7 +9,8 @@ from __future__ import annotations
 
 from typing import Dict
 
-DEFAULT_SETTINGS: Dict[str, str] = {"fidelity": "exact", "resize": "dali", "record": "on", "strict": "off"}
+DEFAULT_SETTINGS: Dict[str, str] = {"fidelity": "exact", "resize": "dali", "record": "on", "strict": "off",
+                                    "augmix": "worker"}
 SETTINGS: Dict[str, str] = dict(DEFAULT_SETTINGS)
 
 

@@ -19,6 +19,7 @@ from torchvision.transforms import InterpolationMode
 
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.policy_ops import AUGMENT_OPS, Augment, MixAdd, MixStart, TensorAugment
+from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.affine import pil_fill, pil_resample
 from dali_autoproxy.plan.translate.geometry import as_mode
@@ -203,6 +204,9 @@ def auto_augment_v2(t, state: ChainState, alloc) -> Step:
     return Step(transform_name(t), ops, draw)
 
 
+AUGMIX_IN_THE_WORKER = ("{} runs in the worker (augmix=\"worker\", the default): in the torch stage its copies' "
+                        "operations, grouped per drawn operation, keep the main process behind the workers "
+                        "(benchmarks/results/augmix_steady_h200.md); augmix=\"stage\" moves it there, exact")
 # fingerprints of the AugMix.forward whose draws ``aug_mix`` makes (registry.fingerprint)
 _AUG_MIX_FORWARD = {"v1": {"56853741bb30426c"}, "v2": {"13bb8a1b1bf3767a"}}
 
@@ -222,6 +226,8 @@ def aug_mix(t, state: ChainState, alloc) -> Step:
     float32 with Dirichlet weights and truncated back to uint8. The worker makes forward's draws
     in its order (both Dirichlet samples first, then each copy's depth and operations); the torch
     stage keeps the source, runs each copy's operations (Identity past its depth) and mixes."""
+    if SETTINGS["augmix"] != "stage":
+        raise Unsupported(AUGMIX_IN_THE_WORKER.format(transform_name(t)))
     api = "v2" if isinstance(t, v2.Transform) else "v1"
     if _forward_fingerprint(type(t)) not in _AUG_MIX_FORWARD[api]:
         raise Unsupported(f"{transform_name(t)}: this torchvision's AugMix.forward is not the one translated "

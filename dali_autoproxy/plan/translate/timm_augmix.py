@@ -25,6 +25,7 @@ from dali_autoproxy.plan.policy_ops import MixAdd, MixBlend, MixStart
 from dali_autoproxy.plan.recording import GEOMETRY_CALLS, NeedsPixels, RecordingImage, recording
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.steps import ChainState, Step
+from dali_autoproxy.plan.translate.policies import AUGMIX_IN_THE_WORKER
 from dali_autoproxy.plan.translate.registry import fingerprint, register, transform_name
 
 _AA = "timm.data.auto_augment."
@@ -67,6 +68,8 @@ def _warp_settings(t) -> tuple:
 
 @register(_AA + "AugMixAugment")
 def timm_aug_mix(t, state: ChainState, alloc) -> Step:
+    if SETTINGS["augmix"] != "stage":
+        raise Unsupported(AUGMIX_IN_THE_WORKER.format(transform_name(t)))
     module = sys.modules[type(t).__module__]
     if not _code_known(module.__name__):
         raise Unsupported(f"{transform_name(t)}: timm's AugMix code is not the one translated here (another "
