@@ -50,8 +50,8 @@ class ChainRouter:
 
     def __init__(self, known_keys: Iterable[str]):
         self.known = set(known_keys)
-        self.nodes: Dict[int, Tuple[Any, Optional[Any]]] = {}  # a ProxyNode, a HeadNode or None
-        self.unplanned: Dict[int, str] = {}  # why a chain of ``nodes`` has no node (its plan was refused)
+        # by chain id: (the chain, its ProxyNode or HeadNode or None, why its plan was refused)
+        self.nodes: Dict[int, Tuple[Any, Optional[Any], Optional[str]]] = {}
         self.joint: Dict[int, Tuple[Any, Optional[JointNode]]] = {}  # chains called with their targets
         self.produced: List[int] = []  # ids of chains that made ProxySamples during this fetch
         self.passed_over: Dict[str, int] = {}  # calls not taken over since the last batch, by why
@@ -77,26 +77,25 @@ class ChainRouter:
     def node_for(self, chain: Any) -> Optional[Any]:
         entry = self.nodes.get(id(chain))
         if entry is None or entry[0] is not chain:
-            self.unplanned.pop(id(chain), None)
+            refused = None
             try:
                 plan = build_plan(chain)
             except Unsupported as exc:
                 node = _head_node(chain) if str(exc) == ENDS_AS_PIL else None
-                if node is None:
-                    self.unplanned[id(chain)] = str(exc)
+                refused = str(exc) if node is None else None
             except Exception as exc:  # a converter tripped on an unusual transform: never the user's problem
                 node = _planning_failed(chain, exc)
             else:
                 node = ProxyNode(plan, chain, announce=plan.key not in self.known)
             if len(self.nodes) >= MAX_CHAINS:  # chains made anew per sample: plan them again, hold none
                 self.nodes.clear()
-                self.unplanned = {k: v for k, v in self.unplanned.items() if k == id(chain)}
-            entry = self.nodes[id(chain)] = (chain, node)  # holds the chain: its id stays its own
+            entry = self.nodes[id(chain)] = (chain, node, refused)  # holds the chain: its id stays its own
         return entry[1]
 
     def pass_over(self, chain: Any) -> None:
         """A call of a chain without a node: counted with why its plan was refused, for the report."""
-        why = self.unplanned.get(id(chain))
+        entry = self.nodes.get(id(chain))
+        why = entry[2] if entry is not None and entry[0] is chain else None
         if why is not None:
             self.passed_over[why] = self.passed_over.get(why, 0) + 1
 
@@ -115,10 +114,10 @@ class ChainRouter:
         for cid in chain_ids:
             if cid in self.joint:
                 self.joint[cid] = (self.joint[cid][0], None)
-            chain, node = self.nodes.get(cid, (None, None))
+            chain, node, _ = self.nodes.get(cid, (None, None, None))
             if node is not None:
                 names.append(type(chain).__name__)
-                self.nodes[cid] = (chain, None)
+                self.nodes[cid] = (chain, None, None)
         return names
 
 

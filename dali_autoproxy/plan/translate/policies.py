@@ -250,7 +250,7 @@ def aug_mix(t, state: ChainState, alloc) -> Step:
         chain = [TensorAugment(alloc(TensorAugment), fill, mode.value, api) for _ in range(depth)]
         copies.append((chain, MixAdd(alloc(MixAdd), last=i == t.mixture_width - 1)))
     ops = [start] + [op for chain, add in copies for op in chain + [add]]
-    space_v2 = t._AUGMENTATION_SPACE if api == "v2" and t.all_ops else getattr(t, "_PARTIAL_AUGMENTATION_SPACE", None)
+    space_v2 = (t._AUGMENTATION_SPACE if t.all_ops else t._PARTIAL_AUGMENTATION_SPACE) if api == "v2" else None
 
     def draw(g) -> None:
         m = t._sample_dirichlet(torch.tensor([t.alpha, t.alpha]).expand(1, -1))
