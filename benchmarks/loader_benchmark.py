@@ -9,10 +9,11 @@ decode (CenterCrop + PILToTensor: decoding is nearly all the work).
 
 Modes (each on the same corpus, batch size, workers and transforms):
   torchvision      plain DataLoader, PIL decode + torchvision transforms in the workers
-  autoproxy        the same loader object code after dali_autoproxy.enable()
+  autoproxy        the same loader object code after dali_autoproxy.enable() (its defaults: the resize
+                   with Pillow's arithmetic, border included)
   autoproxy_fast   the same with enable(fidelity="fast"): DALI's approximate colour operators
-  autoproxy_pillow the same with enable(resize="pillow"): Pillow's resize arithmetic, border included
-  autoproxy_pillow_loop_stream  the same, with the torch stage on the loop's stream after a host wait
+  autoproxy_dali_resize  the same with enable(resize="dali"): DALI's resize, within its bound
+  autoproxy_loop_stream  autoproxy with the torch stage on the loop's stream after a host wait
                    for DALI's outputs instead of on the pipeline's own stream (the two designs compared)
   dali_proxy       a hand-written DALI proxy pipeline (nvidia.dali.plugin.pytorch.experimental.proxy),
                    workers read file bytes, DALI decodes (ROI decode for train) on the device; DALI's
@@ -164,7 +165,7 @@ def order(ds, kind: str) -> dict:
 
 
 def run_torchvision(root, kind, workers, batch, warmup, dali_device, autoproxy=False, fidelity="exact",
-                    resize="dali"):
+                    resize="pillow"):
     import torchvision
 
     import dali_autoproxy
@@ -637,8 +638,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, nargs="+", default=[128])
     ap.add_argument("--pipelines", nargs="+", default=["train", "eval"], choices=PIPELINES)
     ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy", "dali_proxy", "dali_native"],
-                    choices=["torchvision", "autoproxy", "autoproxy_fast", "autoproxy_pillow",
-                             "autoproxy_pillow_loop_stream", "dali_proxy",
+                    choices=["torchvision", "autoproxy", "autoproxy_fast", "autoproxy_dali_resize",
+                             "autoproxy_loop_stream", "dali_proxy",
                              "dali_native", "decode_ceiling",
                              "decode_jpeg_gpu"])
     ap.add_argument("--warmup", type=int, default=None,
@@ -680,9 +681,8 @@ def main(argv=None):
     runners = {"torchvision": lambda *x: run_torchvision(*x[:6]),
                "autoproxy": lambda *x: run_torchvision(*x[:6], autoproxy=True),
                "autoproxy_fast": lambda *x: run_torchvision(*x[:6], autoproxy=True, fidelity="fast"),
-               "autoproxy_pillow": lambda *x: run_torchvision(*x[:6], autoproxy=True, resize="pillow"),
-               "autoproxy_pillow_loop_stream": lambda *x: on_loop_stream(
-                   run_torchvision, *x[:6], autoproxy=True, resize="pillow"),
+               "autoproxy_dali_resize": lambda *x: run_torchvision(*x[:6], autoproxy=True, resize="dali"),
+               "autoproxy_loop_stream": lambda *x: on_loop_stream(run_torchvision, *x[:6], autoproxy=True),
                "dali_proxy": run_dali_proxy, "dali_native": run_dali_native, "decode_ceiling": run_decode_ceiling,
                "decode_jpeg_gpu": run_decode_jpeg_gpu}
     results = []

@@ -34,6 +34,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# autoproxy's modes: enable()'s options beyond the device (the defaults: torchvision's results)
+MODES_OPTIONS = {"autoproxy": {}, "autoproxy_dali_resize": {"resize": "dali"}}
 # (recipe, batch, workers): the batch sizes each recipe trains at
 DEFAULT_ARMS = [("segmentation", 2, 8), ("segmentation", 8, 8), ("detection", 2, 8), ("detection", 8, 8),
                 ("dino", 32, 8), ("swav", 32, 8), ("train", 128, 2), ("train", 128, 8)]
@@ -104,8 +106,9 @@ def run_arm(recipe: str, mode: str, batch: int, workers: int, images: int, args)
     import dali_autoproxy
     from dali_autoproxy.config import resolve_options
     torch.multiprocessing.set_sharing_strategy("file_system")  # many small target tensors per batch
-    if mode == "autoproxy":
-        dali_autoproxy.enable(device="gpu" if torch.cuda.is_available() else "cpu", log_level="WARNING")
+    if mode in MODES_OPTIONS:
+        dali_autoproxy.enable(device="gpu" if torch.cuda.is_available() else "cpu", log_level="WARNING",
+                              **MODES_OPTIONS[mode])
     loader = make_loader(recipe, batch, workers, images, args)
     cuda = torch.cuda.is_available()
     total = len(loader)
@@ -137,25 +140,31 @@ def run_arm(recipe: str, mode: str, batch: int, workers: int, images: int, args)
     row = {"recipe": recipe, "mode": mode, "workers": workers, "batch": batch, "samples_per_s": rates[-1],
            "epoch_samples_per_s": rates, "epoch_batches": total, "timed_batches": [warm, total - warm],
            "first_batch_s": round(first, 3)}
-    if mode == "autoproxy":
+    if mode in MODES_OPTIONS:
         rep = dali_autoproxy.report()[-1]
         row.update(proxied=rep["proxied"], decode=rep["decode"], reason=rep["reason"])
     return row
 
 
 def table(rows: list) -> str:
-    lines = ["| recipe | batch | workers | plain samples/s | autoproxy samples/s | autoproxy / plain | "
-             "first batch (plain / autoproxy) |", "|---|---|---|---|---|---|---|"]
+    modes = [m for m in MODES_OPTIONS if any(r["mode"] == m for r in rows)]
+    lines = ["| recipe | batch | workers | plain samples/s | " + " | ".join(
+        f"{m} samples/s | {m} / plain" for m in modes) + " | first batch (plain / " + " / ".join(modes) + ") |",
+        "|---|---|---|---|" + "---|---|" * len(modes) + "---|"]
     keys = sorted({(r["recipe"], r["batch"], r["workers"]) for r in rows}, key=lambda k: [r for r in rows
                   if (r["recipe"], r["batch"], r["workers"]) == k][0]["order"])
     for recipe, batch, workers in keys:
         arm = {r["mode"]: r for r in rows if (r["recipe"], r["batch"], r["workers"]) == (recipe, batch, workers)}
-        plain, auto = arm.get("torchvision", {}), arm.get("autoproxy", {})
-        p, a = plain.get("samples_per_s"), auto.get("samples_per_s")
-        ratio = f"{a / p:.2f}x" if p and a else "-"
-        lines.append(f"| {recipe} | {batch} | {workers} | {p or plain.get('error', '-')} | "
-                     f"{a or auto.get('error', '-')} | {ratio} | "
-                     f"{plain.get('first_batch_s', '-')} s / {auto.get('first_batch_s', '-')} s |")
+        plain = arm.get("torchvision", {})
+        p = plain.get("samples_per_s")
+        cells, firsts = [], [f"{plain.get('first_batch_s', '-')} s"]
+        for m in modes:
+            auto = arm.get(m, {})
+            a = auto.get("samples_per_s")
+            cells += [str(a or auto.get("error", "-")), f"{a / p:.2f}x" if p and a else "-"]
+            firsts.append(f"{auto.get('first_batch_s', '-')} s")
+        lines.append(f"| {recipe} | {batch} | {workers} | {p or plain.get('error', '-')} | " + " | ".join(cells)
+                     + " | " + " / ".join(firsts) + " |")
     return "\n".join(lines)
 
 
@@ -167,6 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--plain-images", type=int, default=1024, help="plain torchvision's (shorter) epoch")
     ap.add_argument("--train-samples", type=int, default=32768, help="the train recipe's autoproxy epoch")
     ap.add_argument("--arms", nargs="+", default=None, metavar="RECIPE:BATCH:WORKERS")
+    ap.add_argument("--modes", nargs="+", default=["torchvision", "autoproxy"],
+                    choices=["torchvision", *MODES_OPTIONS], help="run in this order within each arm")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per arm")
     ap.add_argument("--out", default=None)
     ap.add_argument("--arm", default=None, help=argparse.SUPPRESS)  # one arm, in its own process
@@ -183,11 +194,11 @@ def main(argv=None) -> int:
     arms = [tuple(int(v) if k else v for k, v in enumerate(s.split(":"))) for s in a.arms] if a.arms else DEFAULT_ARMS
     rows = []
     for order, (recipe, batch, workers) in enumerate(arms):
-        for mode in ("torchvision", "autoproxy"):
+        for mode in a.modes:
             if recipe == "train":
-                images = a.train_samples if mode == "autoproxy" else a.train_samples // (8 if workers < 4 else 4)
+                images = a.train_samples if mode != "torchvision" else a.train_samples // (8 if workers < 4 else 4)
             else:
-                images = a.images if mode == "autoproxy" else a.plain_images
+                images = a.images if mode != "torchvision" else a.plain_images
             cmd = [sys.executable, os.path.abspath(__file__), "--arm", f"{recipe}:{mode}:{batch}:{workers}:{images}",
                    "--coco", a.coco, "--corpus", a.corpus]
             try:
@@ -202,12 +213,12 @@ def main(argv=None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
             if a.out:
-                save(a.out, rows)
+                save(a.out, rows, a.modes)
     print(table(rows))
     return 0 if all("error" not in r for r in rows) else 1
 
 
-def save(out: str, rows: list) -> None:
+def save(out: str, rows: list, modes: list) -> None:
     import platform
 
     import torch
@@ -219,13 +230,14 @@ def save(out: str, rows: list) -> None:
               "w = max(look-ahead + 1, 2 x workers) at most B/4, the GPU synchronised at both ends, every view moved "
               "to the GPU; samples_per_s: the second epoch's, a sample counted once whatever its views; plain "
               "torchvision runs a shorter epoch (its rate does not depend on the epoch's length)")
-    payload = {"commit": commit, "method": method,
+    payload = {"commit": commit, "method": method, "modes": modes,
                "machine": {"python": platform.python_version(), "torch": torch.__version__,
                            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
                            "cpus": os.cpu_count()},
                "options": {"torchvision": "plain torchvision, no autoproxy",
-                           "autoproxy": ("dali_autoproxy.enable(device='gpu' where there is one, else 'cpu', "
-                                         "log_level='WARNING'), defaults otherwise")},
+                           **{m: ("dali_autoproxy.enable(device='gpu' where there is one, else 'cpu', "
+                                  f"log_level='WARNING', **{opts!r}), defaults otherwise")
+                              for m, opts in MODES_OPTIONS.items() if m in modes}},
                "results": rows}
     write_results(out, payload, f"# Recipes in steady state ({commit[:12]})\n\n{method}.\n\n{table(rows)}")
 

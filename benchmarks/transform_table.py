@@ -64,10 +64,10 @@ def main() -> None:
             "tensor) on 12 photographs, autoproxy against plain torchvision with the same seed.",
             "Error: max abs / mean abs / PSNR in uint8 levels (dB) over every pixel, the border included; `(float)` "
             "rows: max abs error of float output.",
-            "Each chain runs with both settings of the `resize` option: `dali` (the default: DALI's resize for "
-            "bilinear, bicubic and nearest resizes of PIL images and bilinear ones of tensors) and `pillow` "
-            "(Pillow's arithmetic for PIL images, torchvision's own kernel for tensors; the Triton kernel on "
-            "the GPU: tests/test_resample.py, tests/test_tensor_resize.py).",
+            "Each chain runs with both settings of the `resize` option: `pillow` (the default: Pillow's "
+            "arithmetic for PIL images, torchvision's own kernel for tensors; the Triton kernel on the GPU: "
+            "tests/test_resample.py, tests/test_tensor_resize.py) and `dali` (DALI's resize for bilinear, "
+            "bicubic and nearest resizes of PIL images and bilinear ones of tensors).",
             "The GPU column decodes with PIL in the worker (the transforms' error alone; nvJPEG's decoding "
             "differs from libjpeg-turbo's by about a level, see benchmarks/results/fidelity_*.md).",
             "`DALI`: the whole chain runs in DALI; `partial`: the worker runs the prefix up to and including "

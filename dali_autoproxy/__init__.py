@@ -33,9 +33,10 @@ def enable(*, device: Optional[str] = None, output: Optional[str] = None,
     in docs/benchmarks.md). lookahead: batches queued to DALI ahead of the one the loop waits
     for (default 16; fewer hold less GPU memory, more keep decode-bound loaders busier).
     hw_decoder_load: share of the JPEGs given to the GPU's hardware decoder, 0 to 1 (default
-    0.9; the rest decode on DALI's CPU threads and CUDA). resize: "dali" (default: DALI's resize,
-    within a measured bound of Pillow's) or "pillow" (Resize and RandomResizedCrop of PIL images
-    equal to Pillow's, border included; slower, see docs/benchmarks.md). record: "on" (default: a
+    0.9; the rest decode on DALI's CPU threads and CUDA). resize: "pillow" (default:
+    Resize and RandomResizedCrop equal to torchvision's, of PIL images with Pillow's arithmetic,
+    border included, of tensors with torchvision's kernel) or "dali" (DALI's resize, within a
+    measured bound of torchvision's, see docs/transforms.md). record: "on" (default: a
     transform without a translation is called with a recording image and its Pillow calls run on
     DALI's side, see docs/how-it-works.md) or "off" (it runs in the worker). shared_decode: "on"
     (default: the views of one image, as multi-view recipes make them, decode it once) or "off"

@@ -56,8 +56,9 @@ class Options:
     hw_decoder_load: float = 0.9
     # "pillow": Resize / RandomResizedCrop of PIL images with Pillow's arithmetic, border included
     # (torch_stage/resample.py), of tensor images with torchvision's own kernel
-    # (torch_stage/tensor_resize.py); "dali": DALI's resize, within the bound in docs/transforms.md.
-    resize: str = "dali"
+    # (torch_stage/tensor_resize.py): torchvision's results; "dali": DALI's resize, faster where the
+    # main process is the limit, within the bound in docs/transforms.md.
+    resize: str = "pillow"
     # "on": a transform without a translation, on a PIL image, is called with a recording image
     # (plan/recording.py) and its Pillow calls run on DALI's side; "off": it runs in the worker.
     record: str = "on"

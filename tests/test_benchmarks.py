@@ -134,7 +134,7 @@ def test_loader_benchmark_long_epoch_and_thread_times_end_to_end(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "loader_benchmark.py"), "--data", str(tmp_path / "c"),
            "--images", "24", "--samples", "64", "--workers", "2", "--batch", "8", "--device", "cpu",
-           "--warmup", "1", "--pipelines", "train", "--modes", "autoproxy_pillow", "--thread-times",
+           "--warmup", "1", "--pipelines", "train", "--modes", "autoproxy", "--thread-times",
            "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -190,15 +190,19 @@ def test_recipes_steady_runs_both_arms_over_two_epochs(tmp_path):
     out = tmp_path / "recipes.json"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "recipes_steady.py"), "--coco", str(tmp_path / "coco"),
            "--corpus", str(tmp_path / "c"), "--images", "48", "--plain-images", "32", "--train-samples", "1024",
-           "--arms", "segmentation:2:2", "train:16:2", "--out", str(out)]
+           "--arms", "segmentation:2:2", "train:16:2", "--modes", "torchvision", "autoproxy", "autoproxy_dali_resize",
+           "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
     data = json.loads(out.read_text())
     assert data["commit"] and "second epoch" in data["method"]
     rows = {(r["recipe"], r["mode"]): r for r in data["results"]}
-    assert set(rows) == {(r, m) for r in ("segmentation", "train") for m in ("torchvision", "autoproxy")}
+    assert set(rows) == {(r, m) for r in ("segmentation", "train")
+                         for m in ("torchvision", "autoproxy", "autoproxy_dali_resize")}
+    assert "resize': 'dali'" in data["options"]["autoproxy_dali_resize"]
     for r in rows.values():
         assert {"recipe", "mode", "workers", "batch", "samples_per_s"} <= set(r) and len(r["epoch_samples_per_s"]) == 2
         assert r["samples_per_s"] > 0
     assert rows[("segmentation", "autoproxy")]["proxied"] and rows[("train", "autoproxy")]["decode"] == "DALI 100%"
     assert "| segmentation | 2 | 2 |" in (tmp_path / "recipes.md").read_text()
+    assert "autoproxy_dali_resize / plain" in (tmp_path / "recipes.md").read_text()

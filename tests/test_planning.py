@@ -67,14 +67,14 @@ def test_flip_draw_matches_torchvision():
 
 def test_ops_of_the_imagenet_train_chain(monkeypatch):
     plan = build_plan(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
+                                 T.Normalize([0.5] * 3, [0.25] * 3)]))  # the default: Pillow's arithmetic
+    assert [type(op) for op in plan.ops] == [Crop, PillowResize, Flip, ToFloat, ToCHW, Normalize]
+    assert plan.ops[0].in_bounds and plan.n_params == 14 and plan.state.fixed_size == (224, 224)
+    monkeypatch.setitem(planning.SETTINGS, "resize", "dali")  # DALI's resize, no torch stage
+    plan = build_plan(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
                                  T.Normalize([0.5] * 3, [0.25] * 3)]))
     assert [type(op) for op in plan.ops] == [Crop, Resize, Flip, ToFloat, ToCHW, Normalize]
     assert plan.ops[0].in_bounds and plan.n_params == 5 and plan.state.fixed_size == (224, 224)
-    monkeypatch.setitem(planning.SETTINGS, "resize", "pillow")  # Pillow's arithmetic, on the torch stage
-    plan = build_plan(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
-                                 T.Normalize([0.5] * 3, [0.25] * 3)]))
-    assert [type(op) for op in plan.ops] == [Crop, PillowResize, Flip, ToFloat, ToCHW, Normalize]
-    assert plan.ops[0].in_bounds and plan.n_params == 14 and plan.state.fixed_size == (224, 224)
 
 
 def test_box_and_random_filters_take_the_exact_resize_whatever_the_option():

@@ -478,18 +478,18 @@ def test_the_option_is_validated_and_reaches_the_plan(monkeypatch):
     from dali_autoproxy.config import resolve_options
     from dali_autoproxy.plan.ir import PillowResize, Resize
     from dali_autoproxy.plan.planning import build_plan
-    assert resolve_options(environ={}).resize == "dali"
-    assert resolve_options(environ={"DALI_AUTOPROXY_RESIZE": "pillow"}).resize == "pillow"
+    assert resolve_options(environ={}).resize == "pillow"
+    assert resolve_options(environ={"DALI_AUTOPROXY_RESIZE": "dali"}).resize == "dali"
     with pytest.raises(ValueError, match="DALI_AUTOPROXY_RESIZE='exact'.*dali, pillow"):
         resolve_options(environ={"DALI_AUTOPROXY_RESIZE": "exact"})
     import dali_autoproxy
     chain = T.Compose([T.RandomResizedCrop(32), T.ToTensor()])
     try:
-        dali_autoproxy.enable(device="cpu", resize="pillow")
-        assert PillowResize in [type(op) for op in build_plan(chain).ops]
+        dali_autoproxy.enable(device="cpu", resize="dali")
+        assert Resize in [type(op) for op in build_plan(chain).ops]
     finally:
         dali_autoproxy.disable()
-    assert Resize in [type(op) for op in build_plan(chain).ops]
+    assert PillowResize in [type(op) for op in build_plan(chain).ops]  # disable() restores the default
 
 
 def test_spawned_workers_plan_with_the_main_process_options(photo_root):

@@ -62,12 +62,15 @@ def test_a_tensor_resize_is_torchvisions(photo_root, device, api, geometry, inte
         assert worst <= 2 * level and mean <= 0.2 * level, (worst / level, mean / level)
 
 
-def test_a_bilinear_tensor_resize_stays_dalis_by_default():
-    """resize="dali" (the default): DALI's resize for bilinear, within its bound (docs/transforms.md)."""
+def test_a_bilinear_tensor_resize_is_torchvisions_by_default_and_dalis_on_request():
+    """resize="pillow" (the default): torchvision's kernel; resize="dali": DALI's resize for bilinear,
+    within its bound (docs/transforms.md)."""
     from dali_autoproxy.plan.ir import Resize, TensorResize
     from dali_autoproxy.plan.planning import build_plan
     from dali_autoproxy.plan.settings import SETTINGS
     chain = _chain("v2", "rrc", I.BILINEAR, True, "uint8")
+    assert SETTINGS["resize"] == "pillow"
+    assert any(type(op) is TensorResize for op in build_plan(chain).ops)
     before = SETTINGS["resize"]
     try:
         SETTINGS["resize"] = "dali"

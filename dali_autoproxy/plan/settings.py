@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-DEFAULT_SETTINGS: Dict[str, str] = {"fidelity": "exact", "resize": "dali", "record": "on", "strict": "off",
+DEFAULT_SETTINGS: Dict[str, str] = {"fidelity": "exact", "resize": "pillow", "record": "on", "strict": "off",
                                     "augmix": "worker"}
 SETTINGS: Dict[str, str] = dict(DEFAULT_SETTINGS)
 

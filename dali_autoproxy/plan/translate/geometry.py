@@ -66,7 +66,7 @@ _DALI_RESIZES_PIL = (InterpolationMode.BILINEAR, InterpolationMode.BICUBIC, Inte
 
 def pillow_kind(interpolation, state: ChainState, dali_can: bool = True) -> Optional[int]:
     """Pillow's filter for an exact resize of a PIL image (ir.PillowResize), or None where DALI's
-    resize is used: tensors (torch's maths), and PIL images with ``resize="dali"`` (the default)
+    resize is used: tensors (torch's maths), and PIL images with ``resize="dali"``
     where DALI has the filter. BOX, LANCZOS, HAMMING, and a filter drawn per image
     (``dali_can=False``), take the exact resize either way."""
     if state.kind != "pil":
