@@ -146,6 +146,12 @@ def run_arm(recipe: str, mode: str, batch: int, workers: int, images: int, args)
     return row
 
 
+def _error_cell(row: dict) -> str:
+    """An arm's error as one table cell: its last line (the exception), without pipes."""
+    lines = [line.strip() for line in row.get("error", "-").splitlines() if line.strip()]
+    return (lines[-1] if lines else "-").replace("|", "/")[:160]
+
+
 def table(rows: list) -> str:
     modes = [m for m in MODES_OPTIONS if any(r["mode"] == m for r in rows)]
     lines = ["| recipe | batch | workers | plain samples/s | " + " | ".join(
@@ -161,9 +167,9 @@ def table(rows: list) -> str:
         for m in modes:
             auto = arm.get(m, {})
             a = auto.get("samples_per_s")
-            cells += [str(a or auto.get("error", "-")), f"{a / p:.2f}x" if p and a else "-"]
+            cells += [str(a or _error_cell(auto)), f"{a / p:.2f}x" if p and a else "-"]
             firsts.append(f"{auto.get('first_batch_s', '-')} s")
-        lines.append(f"| {recipe} | {batch} | {workers} | {p or plain.get('error', '-')} | " + " | ".join(cells)
+        lines.append(f"| {recipe} | {batch} | {workers} | {p or _error_cell(plain)} | " + " | ".join(cells)
                      + " | " + " / ".join(firsts) + " |")
     return "\n".join(lines)
 
@@ -180,6 +186,8 @@ def main(argv=None) -> int:
                     choices=["torchvision", *MODES_OPTIONS], help="run in this order within each arm")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per arm")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--keep-other-arms", action="store_true",
+                    help="keep the rows --out holds of arms not run now, where it measured the same commit")
     ap.add_argument("--arm", default=None, help=argparse.SUPPRESS)  # one arm, in its own process
     a = ap.parse_args(argv)
     sys.path.insert(0, HERE)
@@ -192,8 +200,8 @@ def main(argv=None) -> int:
     make_set(a.coco, a.images)
     make_corpus(a.corpus, a.images)
     arms = [tuple(int(v) if k else v for k, v in enumerate(s.split(":"))) for s in a.arms] if a.arms else DEFAULT_ARMS
-    rows = []
-    for order, (recipe, batch, workers) in enumerate(arms):
+    rows = kept_rows(a.out, arms) if a.keep_other_arms else []
+    for order, (recipe, batch, workers) in enumerate(arms, start=1 + max((r["order"] for r in rows), default=-1)):
         for mode in a.modes:
             if recipe == "train":
                 images = a.train_samples if mode != "torchvision" else a.train_samples // (8 if workers < 4 else 4)
@@ -218,13 +226,28 @@ def main(argv=None) -> int:
     return 0 if all("error" not in r for r in rows) else 1
 
 
+def measured_commit() -> str:
+    return os.environ.get("MEASURED_COMMIT") or subprocess.run(
+        ["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
+def kept_rows(out: str, arms: list) -> list:
+    """The rows of ``out`` for arms other than ``arms``, if it measured this commit (one set per commit)."""
+    if not out or not os.path.exists(out):
+        return []
+    with open(out) as f:
+        old = json.load(f)
+    if old.get("commit") != measured_commit():
+        return []
+    return [r for r in old["results"] if (r["recipe"], r["batch"], r["workers"]) not in set(arms)]
+
+
 def save(out: str, rows: list, modes: list) -> None:
     import platform
 
     import torch
     from results_io import write_results
-    commit = os.environ.get("MEASURED_COMMIT") or subprocess.run(
-        ["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = measured_commit()
     method = ("each arm one process, two epochs of a DataLoader with its defaults but those named (fork, workers "
               "not persistent, pin_memory where there is a GPU); steady state: batches [w, B - w) of each epoch, "
               "w = max(look-ahead + 1, 2 x workers) at most B/4, the GPU synchronised at both ends, every view moved "
