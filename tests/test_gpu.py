@@ -214,7 +214,7 @@ def test_torchvisions_tensor_jitter_on_cuda_divides_as_on_the_cpu(api):
 
 
 @pytest.mark.parametrize("chain", ["heavy", "trivialaugment"])
-def test_torch_stage_queues_its_work_without_waiting_for_the_gpu(chain):
+def test_torch_stage_queues_its_work_without_waiting_for_the_gpu(chain, monkeypatch):
     """The torch stage runs on the main thread between DALI batches: a synchronising copy in it
     would stall the loop until the GPU drains (measured: half the heavy and trivialaugment
     throughput). Under torch's sync debug mode any such call raises. The results equal the
@@ -225,7 +225,9 @@ def test_torch_stage_queues_its_work_without_waiting_for_the_gpu(chain):
 
     from dali_autoproxy.backends.torch_stage import TorchStage
     from dali_autoproxy.plan.ir import split_at_takeover as split
-    from dali_autoproxy.plan.planning import build_plan
+    from dali_autoproxy.plan.planning import SETTINGS, build_plan
+    # the stage after DALI's resize: its input is the 64 x 64 crop, not the resize's source
+    monkeypatch.setitem(SETTINGS, "resize", "dali")
     tail = ([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.2), T.GaussianBlur(9, (0.1, 2.0)),
              T.RandomRotation(15)] if chain == "heavy" else [T.TrivialAugmentWide()])
     plan = build_plan(T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), *tail, T.ToTensor(),
