@@ -422,7 +422,8 @@ class ThreadClock:
             out["stage_batches"], out["stage_batches_computing_tables"] = n_stage, self.computing  # CUDA graphs
             out["stage_batches_replayed"] = self.replays
         for kind in ("feed", "outputs", "stage"):
-            rows = [r for r in self.rows if r[0] == kind][5:]  # the first batches compile and allocate
+            rows = [r for r in self.rows if r[0] == kind]
+            rows = rows[min(5, len(rows) // 2):]  # the first batches compile and allocate
             if rows:  # medians, and means (a tail of slow batches shows only in these)
                 for name, column in (("wall", 1), ("cpu", 2)):
                     values = [r[column] for r in rows]

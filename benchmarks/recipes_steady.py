@@ -35,7 +35,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # autoproxy's modes: enable()'s options beyond the device (the defaults: torchvision's results)
-MODES_OPTIONS = {"autoproxy": {}, "autoproxy_dali_resize": {"resize": "dali"}}
+MODES_OPTIONS = {"autoproxy": {}, "autoproxy_dali_resize": {"resize": "dali"}, "autoproxy_batch_a_run": {}}
+# modes that differ from the default by a module setting instead of an option
+MODES_SETTINGS = {"autoproxy_batch_a_run": ("dali_autoproxy.main.runs", "RUN_SAMPLES", 1)}
 # (recipe, batch, workers): the batch sizes each recipe trains at
 DEFAULT_ARMS = [("segmentation", 2, 8), ("segmentation", 8, 8), ("detection", 2, 8), ("detection", 8, 8),
                 ("dino", 32, 8), ("swav", 32, 8), ("train", 128, 2), ("train", 128, 8)]
@@ -106,6 +108,10 @@ def run_arm(recipe: str, mode: str, batch: int, workers: int, images: int, args)
     import dali_autoproxy
     from dali_autoproxy.config import resolve_options
     torch.multiprocessing.set_sharing_strategy("file_system")  # many small target tensors per batch
+    if mode in MODES_SETTINGS:  # one loader batch per DALI run (none gathered): the comparison's arm
+        import importlib
+        module, name, value = MODES_SETTINGS[mode]
+        setattr(importlib.import_module(module), name, value)
     if mode in MODES_OPTIONS:
         dali_autoproxy.enable(device="gpu" if torch.cuda.is_available() else "cpu", log_level="WARNING",
                               **MODES_OPTIONS[mode])
@@ -259,7 +265,8 @@ def save(out: str, rows: list, modes: list) -> None:
                            "cpus": os.cpu_count()},
                "options": {"torchvision": "plain torchvision, no autoproxy",
                            **{m: ("dali_autoproxy.enable(device='gpu' where there is one, else 'cpu', "
-                                  f"log_level='WARNING', **{opts!r}), defaults otherwise")
+                                  f"log_level='WARNING', **{opts!r}), defaults otherwise"
+                                  + (" and {0}.{1} = {2!r}".format(*MODES_SETTINGS[m]) if m in MODES_SETTINGS else ""))
                               for m, opts in MODES_OPTIONS.items() if m in modes}},
                "results": rows}
     write_results(out, payload, f"# Recipes in steady state ({commit[:12]})\n\n{method}.\n\n{table(rows)}")

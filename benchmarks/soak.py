@@ -98,6 +98,10 @@ def main(argv=None) -> int:
                      "seconds": round(time.time() - start, 1)})
         print(json.dumps(rows[-1]), flush=True)
         epoch += 1
+    from dali_autoproxy.backends.dali.runner import _live_pipelines
+    from dali_autoproxy.main.state import KEPT_AFTER_LOADER
+    dali_autoproxy.disable()  # closes the pipelines kept for a next loader of the same plan
+    gc.collect()
     steady = rows[a.warmup_epochs:] if len(rows) > a.warmup_epochs + 1 else rows
     third = max(1, len(steady) // 3)
     median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
@@ -108,10 +112,12 @@ def main(argv=None) -> int:
                "fd_growth": max(r["fds"] for r in steady) - steady[0]["fds"],
                "gpu_growth_mb": round(max(r["gpu_used_mb"] for r in steady) - steady[0]["gpu_used_mb"], 1),
                "live_pipelines_after_del": max(r["live_pipelines"] for r in rows),
+               "live_pipelines_after_disable": len(_live_pipelines),
                "children_left": rows[-1]["children"]}
     ok = (summary["rss_trend_mb"] <= a.max_rss_growth_mb and summary["fd_growth"] <= 0
           and summary["gpu_growth_mb"] <= a.max_gpu_growth_mb and summary["children_left"] == 0
-          and summary["live_pipelines_after_del"] == 0)
+          and summary["live_pipelines_after_del"] <= KEPT_AFTER_LOADER
+          and summary["live_pipelines_after_disable"] == 0)
     summary["ok"] = ok
     print(json.dumps({"summary": summary}), flush=True)
     return 0 if ok else 1

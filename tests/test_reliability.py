@@ -161,7 +161,9 @@ def test_very_large_image(tmp_path):
 def test_dali_failure_gives_pil_pixels_and_the_loader_goes_on(photo_root, monkeypatch):
     """A batch DALI cannot process arrives anyway, decoded by PIL and transformed by
     torchvision's functional ops with the params the worker drew (fault injected into DALI's
-    output of one batch); later batches and epochs run on a rebuilt pipeline."""
+    output of one batch: a look-ahead of 2, one batch a run); later batches and epochs run on a
+    rebuilt pipeline."""
+    monkeypatch.setenv("DALI_AUTOPROXY_LOOKAHEAD", "2")
     from dali_autoproxy.backends.dali import PipelineError
     from dali_autoproxy.backends.dali import runner as pipeline
     real_collect = pipeline.DaliRunner.collect
@@ -290,7 +292,10 @@ def test_leaving_an_epoch_leaks_nothing_and_the_next_epoch_is_whole(photo_root, 
     del loader, x, y
     gc.collect()
     assert multiprocessing.active_children() == []
-    assert _live_pipelines() == 0  # the DALI pipeline went with its loader
+    from dali_autoproxy.main.state import KEPT_AFTER_LOADER
+    assert _live_pipelines() <= KEPT_AFTER_LOADER  # kept for a next loader of the same plan, no more
+    dali_autoproxy.disable()
+    assert _live_pipelines() == 0  # disable() closes what was kept
     time.sleep(0.2)
     assert len(os.listdir("/proc/self/fd")) <= fds0
     assert _tasks() <= tasks0 + 1
@@ -444,6 +449,7 @@ def test_stuck_pipeline_ends_within_the_loader_timeout(photo_root, monkeypatch):
                 return real_outputs()
             self.pipe.outputs = outputs
     monkeypatch.setattr(pipeline.DaliRunner, "_build", build_then_maybe_hang)
+    monkeypatch.setenv("DALI_AUTOPROXY_LOOKAHEAD", "2")  # one batch a run: the stuck run is one batch
     ds = image_folder(photo_root, TRAIN())
     ref = outcomes(ds, autoproxy=False, seed=4, shuffle=True, timeout=2)
     t0 = time.time()
@@ -595,6 +601,52 @@ def test_disable_closes_idle_pipelines_explicitly(photo_root):
     runners[0].close()  # again: nothing to do
 
 
+def test_small_batches_run_several_to_a_dali_run(photo_root, monkeypatch):
+    """Batches of 2 are fed to DALI several to a run (fewer runs than batches, over two epochs),
+    and every batch is still plain torchvision's, in order, with its labels."""
+    from dali_autoproxy.backends.dali import runner as pipeline
+    real_submit, runs = pipeline.DaliRunner.submit, []
+
+    def counted_submit(self, group, ahead=None):
+        runs.append(len(group.payload_views()))
+        return real_submit(self, group, ahead)
+    monkeypatch.setattr(pipeline.DaliRunner, "submit", counted_submit)
+    ds = image_folder(photo_root, TRAIN())
+    for epoch_seed in (6, 7):  # a fresh iterator (and workers) each epoch
+        ref = outcomes(ds, autoproxy=False, seed=epoch_seed, shuffle=True, batch_size=2)
+        out = outcomes(ds, autoproxy=True, seed=epoch_seed, shuffle=True, batch_size=2)
+        same_outcomes(ref, out)
+    assert sum(runs) == 2 * len(ds) and max(runs) > 2 and len(runs) < len(ds) // 2
+
+
+def test_a_new_loader_of_a_seen_plan_reuses_its_pipeline(photo_root):
+    """A script that makes a new loader every epoch (an eval loader, say): the pipeline of the
+    loader that is gone is taken by the next one with the same plan and settings instead of being
+    built again, the batches stay torchvision's, and disable() closes the kept pipelines."""
+    from dali_autoproxy.main.hooks import instrumentor
+    from dali_autoproxy.main.state import kept_runners
+    ds = image_folder(photo_root, TRAIN())
+    torch.manual_seed(0)
+    ref = [x for x, _ in DataLoader(ds, batch_size=4, num_workers=1)]
+    dali_autoproxy.enable(device="cpu", log_level="ERROR")
+    try:
+        runners, outs = [], []
+        for _ in range(2):
+            torch.manual_seed(0)
+            loader = DataLoader(ds, batch_size=4, num_workers=1)
+            outs.append([x for x, _ in loader])
+            runners.append([r for pool in instrumentor.states[loader].idle_runners.values() for r in pool])
+            del loader
+            gc.collect()
+        assert runners[0] and [id(r) for r in runners[1]] == [id(r) for r in runners[0]]
+        assert all(r.pipe is not None for r in runners[1])
+    finally:
+        dali_autoproxy.disable()
+    for out in outs:
+        assert len(out) == len(ref) and all(torch.equal(a, b) for a, b in zip(ref, out))
+    assert all(r.pipe is None for r in runners[1]) and kept_runners.take(None) is None
+
+
 def children() -> list:
     """This process's child processes (a /proc entry that ends while being read is none)."""
     def parent(pid):
@@ -692,4 +744,7 @@ def test_after_a_dali_failure_a_break_leaves_no_worker_without_the_garbage_colle
         print("LEFT", len(children()), flush=True)
     """)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert "REPLAYED 4" in res.stdout and "LEFT 0" in res.stdout, res.stdout + res.stderr[-3000:]
+    replayed = [int(line.split()[1]) for line in res.stdout.splitlines() if line.startswith("REPLAYED")]
+    # the failed run's batches taken before the break (a run gathers several batches of 4)
+    assert replayed and replayed[0] > 0 and replayed[0] % 4 == 0, res.stdout + res.stderr[-3000:]
+    assert "LEFT 0" in res.stdout, res.stdout + res.stderr[-3000:]

@@ -38,13 +38,14 @@ class MultiView:
         return out + out[:1] if self.repeat_first else out  # DINOv2's teacher copies: the same tensors again
 
 
-def _runs(ds, shared: str, **kw):
+def _runs(ds, shared: str, options=None, **kw):
     runs = []
     for proxied in (False, True):
         random.seed(3)
         np.random.seed(3)
         if proxied:
-            dali_autoproxy.enable(device="cpu", log_level="WARNING", resize="pillow", shared_decode=shared)
+            dali_autoproxy.enable(device="cpu", log_level="WARNING", resize="pillow", shared_decode=shared,
+                                  **(options or {}))
         else:
             dali_autoproxy.disable()
         try:
@@ -121,9 +122,8 @@ def test_views_through_a_users_collate(photo_root):
     assert last_report()["dali_decodes"] == len(ds)
 
 
-def test_a_failed_shared_batch_gets_pils_pixels_and_the_loader_goes_on(photo_root, monkeypatch):
-    """DALI failing on one batch of a shared pipeline: every view of its images replayed by PIL
-    and torchvision with the worker's draws; the next batches run on the rebuilt pipeline."""
+def _fail_second_shared_run(monkeypatch) -> dict:
+    """DALI failing on the second run of a shared pipeline; returns the count of runs collected."""
     from dali_autoproxy.backends.dali import PipelineError
     from dali_autoproxy.backends.dali import runner as pipeline
     real_collect = pipeline.DaliRunner.collect
@@ -137,11 +137,36 @@ def test_a_failed_shared_batch_gets_pils_pixels_and_the_loader_goes_on(photo_roo
                 raise PipelineError("injected DALI failure")
         return real_collect(self, *args)
     monkeypatch.setattr(pipeline.DaliRunner, "collect", failing_collect)
+    return calls
+
+
+def test_a_failed_shared_batch_gets_pils_pixels_and_the_loader_goes_on(photo_root, monkeypatch):
+    """DALI failing on one batch of a shared pipeline (a look-ahead of 2: one batch a run): every
+    view of its images replayed by PIL and torchvision with the worker's draws; the next batches
+    run on the rebuilt pipeline."""
+    calls = _fail_second_shared_run(monkeypatch)
     ds = image_folder(photo_root, MultiView(_views()))
-    ref, out = _runs(ds, "on", batch_size=4)
+    ref, out = _runs(ds, "on", options={"lookahead": 2}, batch_size=4)
     _assert_equal(ref, out)
     assert calls["n"] > 2
     assert last_report()["cpu_path_samples"] == 5 * 4  # the failed batch's views, each replayed
+
+
+def test_a_failed_run_of_several_small_batches_replays_each_of_them(photo_root, monkeypatch):
+    """Batches of 2 go to DALI several to a run: a failed run's batches are each replayed with
+    their own draws, in their places, and the runs after it run on the rebuilt pipeline."""
+    from dali_autoproxy.config import Options
+    from dali_autoproxy.main.runs import batches_per_run
+    per_run = batches_per_run(2, Options.lookahead)
+    assert per_run > 1
+    calls = _fail_second_shared_run(monkeypatch)
+    ds = image_folder(photo_root, MultiView(_views()))
+    ref, out = _runs(ds, "on", batch_size=2)
+    _assert_equal(ref, out)
+    assert calls["n"] > 2
+    replayed = last_report()["cpu_path_samples"]  # views: 5 a sample
+    assert replayed % (5 * 2) == 0 and 5 * 2 < replayed <= 5 * 2 * per_run
+    assert last_report()["batches"] == len(ds) // 2
 
 
 def test_views_differ_from_each_other(photo_root):

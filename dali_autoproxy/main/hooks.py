@@ -69,6 +69,9 @@ class DataLoaderHooks:
             ledger.undo_all()
             for state in list(self.states.values()):  # idle pipelines hold GPU memory: free them now
                 state.close()
+            loader_state = sys.modules.get("dali_autoproxy.main.state")  # loaded once a loader was planned
+            if loader_state is not None:
+                loader_state.kept_runners.close()
             self.options = None
             settings.reset()
             self.proxy, self.recorder = True, None

@@ -7,7 +7,8 @@ order must be rebuilt from batch ids. Here the proxied batch rides the DataLoade
 result queue (``transport.py``), so order, ``timeout=``, worker errors and shutdown stay
 exactly the DataLoader's, and DALI runs in the main process just ahead of the loop: the
 iterator pulls up to ``lookahead`` batches from the DataLoader, submits their groups to the
-loader's DALI runners, and hands each batch over once its tensors are back, in order.
+loader's DALI runners (the groups of small batches gathered into runs of several batches,
+``main/runs.py``), and hands each batch over once its tensors are back, in order.
 """
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 import wrapt
 
-from dali_autoproxy.backends.dali import PipelineError
 from dali_autoproxy.config import Options, StrictModeError, logger
 from dali_autoproxy.main.collate import find_proxy_batches, finish, on_device, put_back
 from dali_autoproxy.main.cpu_fallback import replay_group
 from dali_autoproxy.main.decision import Decision, chain_names, decide, max_batch_size
 from dali_autoproxy.main.errors import raised_here, without_frames
+from dali_autoproxy.main.runs import Part, RunQueue, batches_per_run, runs_behind
 from dali_autoproxy.main.state import LoaderState, RunnerKey, output_device
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.transport import (
@@ -80,10 +81,10 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
             if options.strict == "on":
                 state.check_strict()
             return CountedIterator(wrapped(), state.record, loader._auto_collation)
-        batch_size = max_batch_size(loader)
+        capacity = run_capacity(loader, options)
         for plan in list(decision.plans.values())[:1]:
             kind = RAW if plan.worker_prefix else ENCODED
-            runner = state.take_runner(plan.key, kind, batch_size, decision.device, options.lookahead,
+            runner = state.take_runner(plan.key, kind, capacity, decision.device, options.lookahead,
                                        options.hw_decoder_load)
             state.give_back({(plan.key, kind): runner})
     except StrictModeError:
@@ -109,12 +110,19 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
     return ProxiedIterator(inner, loader, state, decision, options)
 
 
-class _InFlight:
-    __slots__ = ("batch", "proxies", "error", "index", "units")
+def run_capacity(loader: Any, options: Options) -> int:
+    """A pipeline's batch size: the samples of the loader batches one run gathers."""
+    batch_size = max_batch_size(loader)
+    return batch_size * batches_per_run(batch_size, options.lookahead)
 
-    def __init__(self, batch=None, proxies=(), error=None, index=-1, units=()):
+
+class _InFlight:
+    __slots__ = ("batch", "proxies", "error", "index", "units", "parts")
+
+    def __init__(self, batch=None, proxies=(), error=None, index=-1, units=(), parts=()):
         self.batch, self.proxies, self.error, self.index = batch, proxies, error, index
         self.units = units  # what went to the runners, in order: ProxyGroups and SharedGroups
+        self.parts = parts  # where each unit's rows are: its part of a run (None: no pipeline for it)
 
 
 def pipeline_units(proxies: List[ProxyBatch], share: bool) -> List[Union[ProxyGroup, SharedGroup]]:
@@ -146,19 +154,23 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_device = decision.device
         self._self_out = output_device(decision.device, options)
         self._self_pin = bool(loader.pin_memory) and torch.cuda.is_available()
-        self._self_batch_size = max_batch_size(loader)
+        self._self_capacity = run_capacity(loader, options)
         self._self_lookahead = options.lookahead
         self._self_hw_decoder_load = options.hw_decoder_load
         self._self_share = options.shared_decode == "on"
         self._self_strict = options.strict == "on"
         self._self_inflight: collections.deque = collections.deque()
         self._self_count = 0
+        self._self_taken = 0  # batches handed to the loop (this epoch)
         self._self_runners: Dict[RunnerKey, Any] = {}
         self._self_broken: Dict[RunnerKey, Exception] = {}  # pipelines that could not be built
         self._self_dataset = loader.dataset
         self._self_main_dataset = loader.dataset if loader.num_workers == 0 else None
         self._self_router = ChainRouter(decision.plans) if loader.num_workers == 0 else None
         self._self_timeout = float(loader.timeout) if loader.timeout else None
+        per_run = batches_per_run(max_batch_size(loader), options.lookahead)
+        self._self_runs = RunQueue(self._self_runners, per_run, runs_behind(options.lookahead, per_run),
+                                   self._self_timeout)
         self._self_collate = on_device(decision.collate) if decision.collate is not None else None
         weakref.finalize(self, state.give_back, self._self_runners)
 
@@ -177,7 +189,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
                 missing = [m.key for m in unit.members if m.key not in state.plans]
                 if missing:
                     raise RuntimeError(f"no plan {missing[0]} was announced")
-                runner = state.take_runner(unit.key, unit.kind, self._self_batch_size, self._self_device,
+                runner = state.take_runner(unit.key, unit.kind, self._self_capacity, self._self_device,
                                            self._self_lookahead, self._self_hw_decoder_load)
             except Exception as exc:
                 logger.warning("DataLoader #%d: no DALI pipeline for %s (%s): those samples are computed "
@@ -190,6 +202,8 @@ class ProxiedIterator(wrapt.ObjectProxy):
     def _reset(self, loader: Any, *args: Any, **kwargs: Any) -> None:
         """persistent_workers: a new epoch on the same iterator."""
         self._self_inflight.clear()
+        self._self_taken = 0
+        self._self_runs.clear()
         for runner in self._self_runners.values():
             runner.drain()
         return self.__wrapped__._reset(loader, *args, **kwargs)
@@ -200,14 +214,20 @@ class ProxiedIterator(wrapt.ObjectProxy):
 
     def __next__(self):
         inflight = self._self_inflight
-        while len(inflight) < self._self_lookahead + 1 and not (inflight and inflight[-1].error is not None):
+        # The look-ahead fills as the loop goes (one batch more per batch taken): the first batch
+        # waits for DALI on its own, not for the workers to make the whole look-ahead.
+        depth = min(self._self_lookahead + 1, self._self_taken + 2)
+        while len(inflight) < depth and not (inflight and inflight[-1].error is not None):
             entry = self._self_pull()
             if entry is None:
+                self._self_runs.submit_open()  # the epoch's last batches: their runs gather no more
                 break
             inflight.append(entry)
         if not inflight:
             raise StopIteration
         entry = inflight.popleft()
+        self._self_taken += 1
+        self._self_runs.submit_open(entry.parts)
         if entry.error is None:
             try:
                 return self._self_finish(entry)
@@ -268,29 +288,19 @@ class ProxiedIterator(wrapt.ObjectProxy):
             batch = batch.batch
         proxies = find_proxy_batches(batch)
         units = pipeline_units(proxies, self._self_share)
-        for unit in units:
-            runner = self._self_runner(unit)
-            if runner is not None:
-                runner.submit(unit)
-        return _InFlight(batch, proxies, None, index, units)
+        parts: List[Optional[Part]] = []
+        for unit in units:  # a unit without a pipeline (it could not be built) is computed on the CPU
+            parts.append(self._self_runs.add(unit) if self._self_runner(unit) is not None else None)
+        return _InFlight(batch, proxies, None, index, units, parts)
 
     def _self_finish(self, entry: _InFlight):
         table: Dict[int, torch.Tensor] = {}
         try:
             collated = isinstance(entry.batch, ProxyCollated)
             outputs: Dict[int, Any] = {}  # id(group): its tensors
-            for ui, unit in enumerate(entry.units):
-                key = (unit.key, unit.kind)
-                runner = self._self_runners.get(key)
-                why = None
-                if runner is None:
-                    why = self._self_broken[key]
-                else:
-                    try:
-                        out = runner.collect(self._self_timeout)
-                    except PipelineError as exc:  # only the pipeline's own: the loader's errors propagate
-                        why = str(exc)  # as text: a kept exception's frames would hold this iterator
-                        self._self_recover(entry, ui)
+            for unit, part in zip(entry.units, entry.parts):
+                out = self._self_broken[(unit.key, unit.kind)] if part is None else self._self_runs.output(part)
+                why = out if isinstance(out, str) else None
                 if why is not None:
                     out = [self._self_on_cpu(g, entry.index, why) for g in unit.members]
                     out = out if unit.kind == SHARED else out[0]
@@ -327,17 +337,6 @@ class ProxiedIterator(wrapt.ObjectProxy):
 
     def _self_on_cpu(self, group: ProxyGroup, batch_index: int, dali_error: Any) -> List[torch.Tensor]:
         return replay_group(self._self_state, group, batch_index, dali_error, self._self_dataset)
-
-    def _self_recover(self, failed: _InFlight, unit_index: int) -> None:
-        """Rebuild the failed runner and resubmit what was queued behind the failed batch."""
-        unit = failed.units[unit_index]
-        key = (unit.key, unit.kind)
-        runner = self._self_runners[key]
-        runner.rebuild()
-        later = list(failed.units[unit_index + 1:]) + [u for e in self._self_inflight for u in e.units]
-        for u in later:
-            if (u.key, u.kind) == key:
-                runner.submit(u)
 
     def _self_assemble(self, pb: ProxyBatch, outputs: List[Any], stack: bool = True) -> Any:
         """The batch's tensor in sample order (``stack=False``: one tensor per sample, for a

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
+import weakref
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -17,6 +18,55 @@ from dali_autoproxy.transport import ENCODED, SHARED, ProxyBatch
 RunnerKey = Tuple[str, str]  # (plan key, input kind)
 
 _ids = itertools.count(1)
+
+KEPT_AFTER_LOADER = 2  # idle pipelines kept once their loader is gone, for the next loader of the same plan
+
+
+class _KeptRunners:
+    """The idle runners of loaders that are gone, kept for a later loader with the same plan and
+    settings (a script that builds a new eval loader every epoch pays a pipeline's build, and its
+    torch stage's first launches, once per process instead of once per epoch). At most
+    ``KEPT_AFTER_LOADER``, the oldest closed first; ``disable()`` closes them all."""
+
+    def __init__(self) -> None:
+        self._runners: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _settings(key: RunnerKey, runner: Any) -> tuple:
+        return (key, runner.batch_size, runner.ahead, runner.hw_decoder_load, runner.device, runner.device_id)
+
+    def keep(self, idle: Dict[RunnerKey, list]) -> None:
+        """A gone loader's idle runners (its state's finalizer)."""
+        closing = []
+        with self._lock:
+            for key, pool in idle.items():
+                for runner in pool:
+                    if runner.pipe is None:
+                        continue
+                    old = self._runners.pop(self._settings(key, runner), None)
+                    if old is not None:
+                        closing.append(old)
+                    self._runners[self._settings(key, runner)] = runner
+            while len(self._runners) > KEPT_AFTER_LOADER:
+                closing.append(self._runners.popitem(last=False)[1])
+            idle.clear()
+        for runner in closing:
+            runner.close()
+
+    def take(self, settings: tuple) -> Optional[Any]:
+        with self._lock:
+            return self._runners.pop(settings, None)
+
+    def close(self) -> None:
+        with self._lock:
+            runners = list(self._runners.values())
+            self._runners.clear()
+        for runner in runners:
+            runner.close()
+
+
+kept_runners = _KeptRunners()
 
 
 class LoaderState:
@@ -41,6 +91,7 @@ class LoaderState:
         self.lock = threading.Lock()
         self._logged: Optional[Tuple[bool, Optional[str]]] = None
         self._announced: set = set()  # the step chains learn() has logged
+        weakref.finalize(self, kept_runners.keep, self.idle_runners)  # the loader is gone: keep its pipelines
 
     def update(self, decision: Decision, options: Options) -> None:
         rec = self.record
@@ -195,11 +246,18 @@ class LoaderState:
                     runner.drain()
                     return runner
         device_id = torch.cuda.current_device() if device == "gpu" else None
+        runner = kept_runners.take(((key, kind), batch_size, ahead, hw_decoder_load, device, device_id))
+        if runner is not None:
+            runner.drain()
+            return runner
         return DaliRunner(plans, kind, batch_size, device, device_id, ahead=ahead, hw_decoder_load=hw_decoder_load)
 
     def give_back(self, runners: Dict[RunnerKey, Any]) -> None:
+        """An iterator's runners, once it is gone; what it left queued is discarded in the background."""
         with self.lock:
             for key, runner in runners.items():
+                if runner.pipe is not None:
+                    runner.discard_pending()
                 self.idle_runners[key].append(runner)
 
     def close(self) -> None:

@@ -36,12 +36,14 @@ _live_pipelines: "weakref.WeakSet" = weakref.WeakSet()  # DALI's cached memory g
 class _Batch:
     """One submitted batch: fed and run, then collected, by the pipeline's thread; the loader
     waits for its result."""
-    __slots__ = ("group", "stream", "done", "delivered", "ok", "value", "requested", "cancelled", "ready")
+    __slots__ = ("group", "stream", "done", "delivered", "ok", "value", "requested", "cancelled", "ready",
+                 "discard")
 
     def __init__(self, group: Union[ProxyGroup, SharedGroup], stream) -> None:
         self.group, self.stream = group, stream
         self.done, self.delivered, self.ok, self.value = threading.Event(), threading.Event(), False, None
         self.requested = self.cancelled = False
+        self.discard = False  # nobody will take it: DALI's output is consumed, the torch stage skipped
         self.ready: Optional[torch.cuda.Event] = None  # recorded on the stage's stream after its work
 
     def fail(self, exc: BaseException) -> None:
@@ -164,6 +166,10 @@ class _PipelineThread:
                         with nvtx.range("dali_autoproxy DALI outputs"):
                             outs = _outputs(inputs, stream if own else None)
                         batch.delivered.set()
+                        if batch.discard:
+                            batch.succeed(None)
+                            del outs, batch
+                            continue
                         with nvtx.range("dali_autoproxy torch stage"):
                             result = [stage(out, member.params) if stage is not None else out
                                       for out, stage, member in zip(outs, stages, batch.group.members)]
@@ -314,15 +320,15 @@ class DaliRunner:
         self._stop_thread()
         self._build()
 
-    def submit(self, group: Union[ProxyGroup, SharedGroup]) -> None:
+    def submit(self, group: Union[ProxyGroup, SharedGroup], ahead: Optional[int] = None) -> None:
         """Queue one batch: fed and run at once on the pipeline's thread, and collected there
-        ahead of the loader once ``ahead`` batches are fed behind it."""
+        ahead of the loader once ``ahead`` batches (default: the runner's) are fed behind it."""
         stream = torch.cuda.current_stream() if self.device == "gpu" else None  # the loop's
         batch = _Batch(group, stream)
         self._batches.append(batch)
         self._thread.feed(batch)
         waiting = [b for b in self._batches if not b.requested]
-        if len(waiting) > self.ahead:
+        if len(waiting) > (self.ahead if ahead is None else ahead):
             self._request(waiting[0])
 
     def _request(self, batch: _Batch) -> None:
@@ -344,6 +350,17 @@ class DaliRunner:
             self._stop_thread()  # stuck in DALI: it is left there
             raise PipelineError(f"DALI produced no output within {limit:g} s; the pipeline is "
                                 "considered stuck") from None
+
+    def discard_pending(self) -> None:
+        """The batches queued are of an iterator that is gone: the pipeline's thread consumes
+        DALI's outputs of them now, in the background, without their torch stage (so a later
+        ``drain()`` has little left to wait for)."""
+        if self._thread is None:
+            return
+        for batch in list(self._batches):
+            batch.discard = True
+            if not batch.requested:
+                self._request(batch)
 
     def drain(self) -> None:
         """Discard outputs of batches nobody will take (after a break out of an epoch)."""
