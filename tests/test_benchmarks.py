@@ -16,7 +16,7 @@ def test_loader_benchmark_runs_every_mode(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "loader_benchmark.py"), "--data", str(tmp_path / "c"),
            "--images", "48", "--workers", "2", "--batch", "8", "--device", "cpu", "--warmup", "1",
-           "--repeat", "2", "--epochs", "2", "--pipelines", "train", "eval", "heavy", "trivialaugment", "jitter_v2",
+           "--repeat", "1", "--epochs", "2", "--pipelines", "train", "eval", "heavy", "trivialaugment", "jitter_v2",
            "decode", "--modes", "torchvision", "autoproxy", "dali_proxy", "dali_native", "decode_ceiling",
            "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
