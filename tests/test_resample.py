@@ -346,7 +346,7 @@ def computed_differences(batches: int) -> dict:
 
 COMPUTED_CASES = {where: {case: {"samples": 6 * n, "different_from_pillow": 0}
                           for case in ("whole", "windowed", "boxed, windowed")}
-                  for where, n in (("interpreter", 3), ("gpu", 30))}
+                  for where, n in (("interpreter", 2), ("gpu", 30))}
 
 
 def test_resample_kernels_compile_for_a_gpu_in_every_variant():
@@ -511,7 +511,7 @@ if __name__ == "__main__":  # the interpreter test's subprocess
     resample._triton_kernel = lambda x: _triton_resample  # the interpreted kernels on the CPU
     print(json.dumps(dict(differences_from_pillow(_triton_resize, 1, 4),
                           windowed=differences_from_pillow(_triton_resize, 6, 4, windowed=True),
-                          computed=computed_differences(3), stage=stage_differences("cpu", n=4),
+                          computed=computed_differences(2), stage=stage_differences("cpu", n=2),
                           **{"boxed, windowed": differences_from_pillow(_triton_resize, 24, 2, windowed=True,
                                                                         boxed=True)},
                           **{"pass orders": pass_order_differences(),
