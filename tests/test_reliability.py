@@ -603,8 +603,11 @@ def test_disable_closes_idle_pipelines_explicitly(photo_root):
 
 def test_small_batches_run_several_to_a_dali_run(photo_root, monkeypatch):
     """Batches of 2 are fed to DALI several to a run (fewer runs than batches, over two epochs),
-    and every batch is still plain torchvision's, in order, with its labels."""
+    and every batch is still plain torchvision's, in order, with its labels. (Runs gather batches
+    on the GPU; here on DALI's CPU backend too.)"""
     from dali_autoproxy.backends.dali import runner as pipeline
+    from dali_autoproxy.main import runs as gathering
+    monkeypatch.setattr(gathering, "GATHER_ON", ("gpu", "cpu"))
     real_submit, runs = pipeline.DaliRunner.submit, []
 
     def counted_submit(self, group, ahead=None):

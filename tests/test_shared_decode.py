@@ -156,8 +156,9 @@ def test_a_failed_run_of_several_small_batches_replays_each_of_them(photo_root, 
     """Batches of 2 go to DALI several to a run: a failed run's batches are each replayed with
     their own draws, in their places, and the runs after it run on the rebuilt pipeline."""
     from dali_autoproxy.config import Options
-    from dali_autoproxy.main.runs import batches_per_run
-    per_run = batches_per_run(2, Options.lookahead)
+    from dali_autoproxy.main import runs
+    monkeypatch.setattr(runs, "GATHER_ON", ("gpu", "cpu"))  # on DALI's CPU backend too, as on the GPU
+    per_run = runs.batches_per_run(2, Options.lookahead, "cpu")
     assert per_run > 1
     calls = _fail_second_shared_run(monkeypatch)
     ds = image_folder(photo_root, MultiView(_views()))

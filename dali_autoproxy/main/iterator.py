@@ -81,7 +81,7 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
             if options.strict == "on":
                 state.check_strict()
             return CountedIterator(wrapped(), state.record, loader._auto_collation)
-        capacity = run_capacity(loader, options)
+        capacity = run_capacity(loader, options, decision.device)
         for plan in list(decision.plans.values())[:1]:
             kind = RAW if plan.worker_prefix else ENCODED
             runner = state.take_runner(plan.key, kind, capacity, decision.device, options.lookahead,
@@ -110,10 +110,10 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
     return ProxiedIterator(inner, loader, state, decision, options)
 
 
-def run_capacity(loader: Any, options: Options) -> int:
+def run_capacity(loader: Any, options: Options, device: str) -> int:
     """A pipeline's batch size: the samples of the loader batches one run gathers."""
     batch_size = max_batch_size(loader)
-    return batch_size * batches_per_run(batch_size, options.lookahead)
+    return batch_size * batches_per_run(batch_size, options.lookahead, device)
 
 
 class _InFlight:
@@ -154,7 +154,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_device = decision.device
         self._self_out = output_device(decision.device, options)
         self._self_pin = bool(loader.pin_memory) and torch.cuda.is_available()
-        self._self_capacity = run_capacity(loader, options)
+        self._self_capacity = run_capacity(loader, options, decision.device)
         self._self_lookahead = options.lookahead
         self._self_hw_decoder_load = options.hw_decoder_load
         self._self_share = options.shared_decode == "on"
@@ -168,7 +168,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_main_dataset = loader.dataset if loader.num_workers == 0 else None
         self._self_router = ChainRouter(decision.plans) if loader.num_workers == 0 else None
         self._self_timeout = float(loader.timeout) if loader.timeout else None
-        per_run = batches_per_run(max_batch_size(loader), options.lookahead)
+        per_run = batches_per_run(max_batch_size(loader), options.lookahead, decision.device)
         self._self_runs = RunQueue(self._self_runners, per_run, runs_behind(options.lookahead, per_run),
                                    self._self_timeout)
         self._self_collate = on_device(decision.collate) if decision.collate is not None else None
