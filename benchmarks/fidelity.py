@@ -44,8 +44,8 @@ def measure(root: str, device: str, fidelity: str = "exact", resize: str = "pill
         cases += [(f"ColorJitter {k} alone", JITTER_OPS[k], {"shuffle": True, "seed": 3}) for k in JITTER_OPS]
     for name, make, kw in cases:
         ds = image_folder(root, make())
-        ref = load_all(ds, autoproxy=False, **kw)
-        out = load_all(ds, autoproxy=True, device=device, fidelity=fidelity, resize=resize, **kw)
+        ref = load_all(ds, autoproxy=False, epochs=2, **kw)
+        out = load_all(ds, autoproxy=True, device=device, fidelity=fidelity, resize=resize, epochs=2, **kw)
         rep = last_report()
         a = np.concatenate([to_uint8_domain(x, True).numpy() for x, _ in ref])
         b = np.concatenate([to_uint8_domain(x.cpu(), True).numpy() for x, _ in out])

@@ -22,7 +22,7 @@ from dali_autoproxy.transport import SHARED, ProxyGroup, SharedGroup
 RUN_SAMPLES = 32  # a run gathers batches up to about this many samples
 # where runs gather batches: on the GPU the main process's per-run work is what bounds small batches;
 # DALI's CPU backend is bound by its own compute, which a larger padded run (the exact resize pads a
-# run to its largest sample) only adds to (train at batch 4 on 2 cores: 82 samples/s gathered, 130 not)
+# run to its largest sample) only adds to
 GATHER_ON = ("gpu",)
 RUNS_IN_LOOKAHEAD = 3  # the look-ahead holds at least this many runs: one collected, others fed behind it
 
