@@ -7,7 +7,7 @@ measured alone too (CenterCrop, ColorJitter with one factor, ToTensor, Normalize
 opt-in costs per operation. ``--resize pillow dali``: the default (Pillow's arithmetic) and the
 opt-in DALI resize, each case in both.
 
-    python benchmarks/fidelity.py --device gpu cpu --out benchmarks/results/fidelity_h200.json
+    python benchmarks/fidelity.py --device gpu cpu --out benchmarks/results/fidelity_h100.json
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ GPU synchronised at both ends; ``samples_per_s`` is the second epoch's (the firs
 the pipelines of plans it meets), ``epoch_samples_per_s`` both. Every DataLoader option is its
 default but those named (fork, workers not persistent).
 
-    python benchmarks/recipes_steady.py --out benchmarks/results/recipes_steady_h200.json
+    python benchmarks/recipes_steady.py --out benchmarks/results/recipes_steady_h100.json
 """
 from __future__ import annotations
 
@@ -254,6 +254,7 @@ def save(out: str, rows: list, modes: list) -> None:
     import torch
     from results_io import write_results
     commit = measured_commit()
+    modes = [m for m in ["torchvision", *MODES_OPTIONS] if m in modes or any(r["mode"] == m for r in rows)]
     method = ("each arm one process, two epochs of a DataLoader with its defaults but those named (fork, workers "
               "not persistent, pin_memory where there is a GPU); steady state: batches [w, B - w) of each epoch, "
               "w = max(look-ahead + 1, 2 x workers) at most B/4, the GPU synchronised at both ends, every view moved "
