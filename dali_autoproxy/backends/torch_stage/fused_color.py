@@ -15,7 +15,9 @@ Where Triton is missing or a kernel fails to build, the torch ops run instead (l
 """
 from __future__ import annotations
 
+import importlib
 import logging
+import threading
 from typing import Optional
 
 import numpy as np
@@ -29,6 +31,9 @@ log = logging.getLogger("dali_autoproxy")
 _STATE = {"usable": None}  # None: not tried yet; then True/False
 _KERNELS = None  # the module of Triton kernels, once imported
 _AUGMENT: list = [None]  # the policy kernel's module, loaded with them
+_SET_UP = {"started": False}  # Triton's once-per-process set-up, begun in the background
+# where Triton keeps the key of its own sources (the first compile of a process hashes them all)
+_TRITON_KEY_HOMES = ("triton.runtime.cache", "triton.compiler.compiler")
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -59,6 +64,35 @@ def load():
     _KERNELS = _triton_color
     _AUGMENT[0] = _triton_augment
     return _KERNELS
+
+
+def set_up_in_background(device_id: int) -> None:
+    """Begin, once per process, what Triton's first kernel of the process pays whatever it is:
+    importing the kernels, hashing Triton's own sources for its cache key (``triton_key``) and
+    loading its CUDA driver utilities. Started as a pipeline builds, so that work runs beside the
+    build and the workers' start instead of in the first batch (a compile itself waits for its
+    kernel's arguments). Nothing is compiled or launched here; any failure leaves it to the first
+    kernel, which falls back as it always does."""
+    if _SET_UP["started"] or not triton_allowed():
+        return
+    _SET_UP["started"] = True
+    threading.Thread(target=_set_up, args=(device_id,), name="dali_autoproxy-triton-set-up", daemon=True).start()
+
+
+def _set_up(device_id: int) -> None:
+    try:
+        if load() is None:
+            return
+        for home in _TRITON_KEY_HOMES:
+            key = getattr(importlib.import_module(home), "triton_key", None)
+            if key is not None:
+                key()
+                break
+        from triton.runtime import driver
+        with torch.cuda.device(device_id):
+            driver.active.get_current_device()
+    except Exception as e:  # noqa: BLE001 - the first kernel does it again, and falls back if it must
+        log.debug("Triton's set-up in the background did not finish (%s: %s)", type(e).__name__, e)
 
 
 def load_augment():
