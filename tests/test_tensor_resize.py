@@ -2,7 +2,9 @@
 (torchvision's results asked for), and for the filters DALI lacks on tensors (torch's bicubic,
 its legacy nearest) whatever the setting. Through real workers and real DALI pipelines: on DALI's
 CPU backend every value equal to plain torchvision's (uint8 every level, floats within float32
-rounding); on the GPU torch's CUDA kernels, within a level."""
+rounding); on the GPU v2's uint8 bilinear and bicubic resizes in the CPU kernel's integer
+arithmetic (every level), the others torch's CUDA kernels, within a level."""
+import numpy as np
 import pytest
 import torch
 import torchvision
@@ -56,7 +58,8 @@ def test_a_tensor_resize_is_torchvisions(photo_root, device, api, geometry, inte
         d = (a.double() - b.cpu().double()).abs()
         worst, mean = max(worst, float(d.max())), max(mean, float(d.mean()))
     level = 1 if dtype == "uint8" else 1 / 255
-    if device == "cpu":
+    integers = api == "v2" and dtype == "uint8" and interpolation in (I.BILINEAR, I.BICUBIC)
+    if device == "cpu" or integers:
         assert worst <= (0 if dtype == "uint8" else 1e-5), worst
     else:  # torch's CUDA kernels (float32) against the CPU's (uint8 fixed point, or float32 in another order)
         assert worst <= 2 * level and mean <= 0.2 * level, (worst / level, mean / level)
@@ -79,3 +82,28 @@ def test_a_bilinear_tensor_resize_is_torchvisions_by_default_and_dalis_on_reques
         assert any(type(op) is TensorResize for op in build_plan(chain).ops)
     finally:
         SETTINGS["resize"] = before
+
+
+SIZE_PAIRS = [(97, 131, 64, 80), (64, 80, 97, 131), (300, 200, 37, 251), (5, 7, 5, 3), (40, 33, 17, 33),
+              (1, 9, 4, 2), (481, 640, 224, 224), (12, 500, 12, 11)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torchs_uint8_resize_arithmetic_as_torch_ops_equals_its_cpu_kernel(device):
+    """uint8_resize (what the stage runs on a GPU for v2's uint8 bilinear and bicubic resizes)
+    against torchvision v2 on the CPU, where it resizes uint8 in integers: every value, both
+    filters, antialiased or not, down, up, one axis alone, an edge of one pixel."""
+    from dali_autoproxy.backends.torch_stage import uint8_resize
+    if not uint8_resize.cpu_resizes_natively("bilinear"):
+        pytest.skip("this CPU resizes bilinear uint8 through float32 (no AVX2): nothing integer to match")
+    rng = np.random.default_rng(5)
+    on = "cuda" if device == "gpu" else "cpu"
+    for ih, iw, oh, ow in SIZE_PAIRS:
+        images = torch.from_numpy(rng.integers(0, 256, (2, 3, ih, iw), dtype=np.uint8))
+        images = images.contiguous(memory_format=torch.channels_last)
+        for mode in ("bilinear", "bicubic"):
+            for antialias in (True, False):
+                want = v2.functional.resize_image(images, [oh, ow], interpolation=I(mode), antialias=antialias)
+                got = uint8_resize.resize(images.to(on), [oh, ow], mode, antialias).cpu()
+                assert torch.equal(want, got), (ih, iw, oh, ow, mode, antialias,
+                                                int((want.int() - got.int()).abs().max()))

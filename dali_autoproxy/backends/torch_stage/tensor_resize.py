@@ -6,8 +6,9 @@ computes otherwise (up to ~16 levels at the borders), so where the chain asks fo
 results (``resize="pillow"``) or for a filter DALI lacks on tensors (bicubic with torch's
 a = -0.75, torch's legacy nearest), the stage calls torchvision's own function on the samples,
 grouped by input and output size, laid out as torchvision sees an image made a tensor from a
-PIL image (channels last): on DALI's CPU backend the very same arithmetic; on a GPU torch's CUDA
-kernels (float32 throughout).
+PIL image (channels last): on DALI's CPU backend the very same arithmetic. On a GPU, where
+torchvision computes in float32, v2's uint8 resizes that the workers' CPU runs in integers take
+the same integer arithmetic as torch ops (``uint8_resize``); the others torch's CUDA kernels.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Callable, Dict, Iterator, List, Tuple
 import numpy as np
 import torch
 
+from dali_autoproxy.backends.torch_stage import uint8_resize
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, upload
 from dali_autoproxy.plan.ir import TensorResize
 
@@ -60,8 +62,10 @@ def _tensor_resize(x: torch.Tensor, op: TensorResize, batch: Batch) -> torch.Ten
     groups: Dict[Tuple[int, ...], List[int]] = {}
     for i, key in enumerate(map(tuple, sizes)):
         groups.setdefault(key, []).append(i)
-    run = torchvision_resize(op.api)
     dtype = torch.uint8 if batch.integer else x.dtype
+    integers = (x.is_cuda and op.api == "v2" and dtype == torch.uint8
+                and uint8_resize.cpu_resizes_natively(op.interpolation))
+    run = uint8_resize.resize if integers else torchvision_resize(op.api)
     out_hw = sizes[:, 2:]
     oh, ow = int(out_hw[:, 0].max()), int(out_hw[:, 1].max())
     out = torch.zeros((x.shape[0], x.shape[1], oh, ow), dtype=torch.float32, device=x.device)
@@ -74,7 +78,7 @@ def _tensor_resize(x: torch.Tensor, op: TensorResize, batch: Batch) -> torch.Ten
         # float kernels take another path, with other roundings, on a contiguous CHW tensor
         images = x.index_select(0, index)[:, :, :ih, :iw].to(dtype).contiguous(memory_format=torch.channels_last)
         with _as_in_a_worker(x):
-            resized = run(images, [h, w], op.interpolation, op.antialias)
+            resized = run(images, [h, w], op.interpolation, bool(op.antialias) if integers else op.antialias)
         out[:, :, :h, :w].index_copy_(0, index, resized.to(torch.float32))
     batch.sizes = None if len(groups) == 1 or bool((out_hw == out_hw[0]).all()) else out_hw
     return out
