@@ -36,10 +36,12 @@ JITTER_OPS = {"brightness": _jitter_alone(brightness=0.4), "contrast": _jitter_a
               "saturation": _jitter_alone(saturation=0.4), "hue": _jitter_alone(hue=0.1)}
 
 
-def measure(root: str, device: str, fidelity: str = "exact", resize: str = "pillow") -> list:
+def measure(root: str, device: str, fidelity: str = "exact", resize: str = "pillow", only=None) -> list:
     rows = []
     cases = [(f"eval {k}", EVAL[k], {}) for k in sorted(EVAL)] + \
             [(f"train {k}", TRAIN[k], {"shuffle": True, "seed": 3}) for k in sorted(TRAIN)]
+    if only:
+        cases = [c for c in cases if c[0] in only]
     if fidelity != "exact":
         cases += [(f"ColorJitter {k} alone", JITTER_OPS[k], {"shuffle": True, "seed": 3}) for k in JITTER_OPS]
     for name, make, kw in cases:
@@ -63,11 +65,13 @@ def main() -> None:
     ap.add_argument("--device", nargs="+", default=["cpu"])
     ap.add_argument("--fidelity", nargs="+", default=["exact"], choices=["exact", "fast"])
     ap.add_argument("--resize", nargs="+", default=["pillow", "dali"], choices=["pillow", "dali"])
+    ap.add_argument("--pipelines", nargs="+", default=None, help='only these rows ("eval v2_tensor", ...)')
     ap.add_argument("--out", default=None, help="results JSON (the table beside it as .md)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as root:
         make_photo_folder(root, per_class=8)
-        rows = [r for dev in a.device for fid in a.fidelity for rs in a.resize for r in measure(root, dev, fid, rs)]
+        rows = [r for dev in a.device for fid in a.fidelity for rs in a.resize
+                for r in measure(root, dev, fid, rs, a.pipelines)]
     commit = os.environ.get("MEASURED_COMMIT") or subprocess.run(
         ["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "HEAD"],
         capture_output=True, text=True).stdout.strip()
