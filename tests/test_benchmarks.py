@@ -189,7 +189,7 @@ def test_recipes_steady_runs_both_arms_over_two_epochs(tmp_path):
     results file promises, with the commit measured and the method."""
     out = tmp_path / "recipes.json"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "recipes_steady.py"), "--coco", str(tmp_path / "coco"),
-           "--corpus", str(tmp_path / "c"), "--images", "48", "--plain-images", "32", "--train-samples", "256",
+           "--corpus", str(tmp_path / "c"), "--images", "48", "--plain-images", "32", "--train-samples", "512",
            "--arms", "segmentation:2:2", "train:16:2", "--modes", "torchvision", "autoproxy", "autoproxy_dali_resize",
            "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
