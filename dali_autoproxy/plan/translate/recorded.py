@@ -45,6 +45,61 @@ from dali_autoproxy.plan.translate.registry import compose_types, lookup, transf
 DEFAULT_CALLS = 2  # calls planned per sample for a transform not recorded before
 
 
+# How a sample's size change (or its absence) becomes the values of its op: each writes the op's
+# values for an image of (height, width) and returns the size after it (None: a flip, no change).
+# ``change``: the recorded call's token, None where this sample did not make it.
+def _flipped(g, op: Flip, change, height: int, width: int) -> None:
+    g.put(op, apply=1 if change is not None else 0)
+
+
+def _cropped(g, op: Crop, change, height: int, width: int) -> Tuple[int, int]:
+    """A crop ("crop", top, ...) or a pad ("pad", fill, top, ...); not made: the whole image."""
+    top, left, h, w = change[-4:] if change is not None else (0, 0, height, width)
+    g.put(op, top=top, left=left, height=h, width=w)
+    return h, w
+
+
+def _reduced(g, op: PillowReduce, change, height: int, width: int) -> Tuple[int, int]:
+    """Not made: factors 1, 1."""
+    fy, fx = change[3:5] if change is not None else (1, 1)
+    g.put(op, in_height=height, in_width=width, factor_y=fy, factor_x=fx)
+    return -(-height // fy), -(-width // fx)
+
+
+def _tensor_resized(g, op: TensorResize, change, height: int, width: int) -> Tuple[int, int]:
+    """Not made: to the same size, which torchvision returns as it is."""
+    h, w = change[1:3] if change is not None else (height, width)
+    g.put(op, height, width, h, w)
+    return h, w
+
+
+def _warped(g, op: Warp, change, height: int, width: int) -> Tuple[int, int]:
+    """Not made: the identity to the same size, Pillow's copy."""
+    h, w = change[3:5] if change is not None else (height, width)
+    g.put(op, *(change[5:] if change is not None else (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)), height, width, h, w)
+    return h, w
+
+
+def _perspective(g, op: Perspective, change, height: int, width: int) -> Tuple[int, int]:
+    """Not made: the identity to the same size, Pillow's copy."""
+    h, w = change[3:5] if change is not None else (height, width)
+    g.put(op, *(change[5:] if change is not None else PERSPECTIVE_IDENTITY), h, w)
+    return h, w
+
+
+def _resized(g, op: PillowResize, change, height: int, width: int) -> Tuple[int, int]:
+    """A Pillow resize (the table's default); not made: the same size, Pillow's copy."""
+    h, w, kind, top, left, bottom, right = change[1:] if change is not None else (height, width, 2, 0, 0, height,
+                                                                                 width)
+    g.put(op, in_height=height, in_width=width, out_height=h, out_width=w, filter=kind,
+          box_top=top, box_left=left, box_bottom=bottom, box_right=right)
+    return h, w
+
+
+WRITE_CHANGE = {Flip: _flipped, Crop: _cropped, PillowReduce: _reduced, TensorResize: _tensor_resized,
+                Warp: _warped, Perspective: _perspective}
+
+
 def cannot_record(t: object, state: ChainState) -> Optional[str]:
     """Why ``t`` cannot be recorded at this point of the chain (None: it can)."""
     if SETTINGS["record"] != "on":
@@ -264,30 +319,9 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
             if r < len(changes):
                 op, m = changes[r], match[r]
                 change = sample_changes[m] if m is not None else None
-                if type(op) is Flip:
-                    g.put(op, apply=1 if change is not None else 0)
-                    continue
-                if type(op) is Crop:  # a crop ("crop", top, ...) or a pad ("pad", fill, top, ...)
-                    top, left, h, w = change[-4:] if change is not None else (0, 0, height, width)
-                    g.put(op, top=top, left=left, height=h, width=w)
-                elif type(op) is PillowReduce:  # not made: factors 1, 1
-                    fy, fx = change[3:5] if change is not None else (1, 1)
-                    g.put(op, in_height=height, in_width=width, factor_y=fy, factor_x=fx)
-                    h, w = -(-height // fy), -(-width // fx)
-                elif type(op) is TensorResize:  # not made: to the same size, which torchvision returns as it is
-                    h, w = change[1:3] if change is not None else (height, width)
-                    g.put(op, height, width, h, w)
-                elif type(op) in (Warp, Perspective):  # not made: the identity to the same size, Pillow's copy
-                    identity = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0) if type(op) is Warp else PERSPECTIVE_IDENTITY
-                    h, w = change[3:5] if change is not None else (height, width)
-                    g.put(op, *(change[5:] if change is not None else identity), *((height, width) if type(op) is Warp
-                                                                                   else ()), h, w)
-                else:  # not made: the same size, Pillow's copy
-                    h, w, kind_, top, left, bottom, right = (change[1:] if change is not None
-                                                              else (height, width, 2, 0, 0, height, width))
-                    g.put(op, in_height=height, in_width=width, out_height=h, out_width=w, filter=kind_,
-                          box_top=top, box_left=left, box_bottom=bottom, box_right=right)
-                height, width = int(h), int(w)
+                size = WRITE_CHANGE.get(type(op), _resized)(g, op, change, height, width)
+                if size is not None:  # None: a flip, the same size
+                    height, width = int(size[0]), int(size[1])
         g.height, g.width = height, width
     neutral = list(none) * sum(widths) if not tokens else None
     return Step(name, ops, draw, neutral=neutral, note=refused or f"{name} has no DALI translation")
