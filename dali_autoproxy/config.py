@@ -60,7 +60,7 @@ class Options:
     # main process is the limit, within the bound in docs/transforms.md.
     resize: str = "pillow"
     # "on": a transform without a translation, on a PIL image, is called with a recording image
-    # (plan/recording.py) and its Pillow calls run on DALI's side; "off": it runs in the worker.
+    # (plan/record/image.py) and its Pillow calls run on DALI's side; "off": it runs in the worker.
     record: str = "on"
     # "worker": AugMix (torchvision's and timm's) runs in the worker, as written; "stage": in the
     # torch stage, with the same values, slower than the workers where measured

@@ -77,8 +77,8 @@ def pillow_hooks():
     """The workers' hooks on Pillow's functions, in this process for the test only."""
     import wrapt
 
-    from dali_autoproxy.plan.recording_hooks import PILLOW_HOOKS
-    from dali_autoproxy.plan.recording_tensor_hooks import TENSOR_HOOKS
+    from dali_autoproxy.plan.record.image_hooks import PILLOW_HOOKS
+    from dali_autoproxy.plan.record.tensor_hooks import TENSOR_HOOKS
     hooks = PILLOW_HOOKS + TENSOR_HOOKS
     saved = [(owner, name, owner[name] if isinstance(owner, dict) else owner.__dict__[name])
              for owner, name, _ in hooks]

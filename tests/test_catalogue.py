@@ -103,9 +103,9 @@ def test_cpu_replay_of_the_plan_equals_torchvision(photo_root, case, api, pillow
     from PIL import Image
 
     from dali_autoproxy.backends.cpu_replay import run_plan
-    from dali_autoproxy.plan.learnt import LEARNT
     from dali_autoproxy.plan.planning import build_plan
-    from dali_autoproxy.plan.recording import NeedsPixels
+    from dali_autoproxy.plan.record.image import NeedsPixels
+    from dali_autoproxy.plan.record.learnt import LEARNT
     chain = case.chain(api)
     plan = build_plan(chain)
     for k, path in enumerate(sorted(pathlib.Path(photo_root).rglob("*.jpg"))[:3]):

@@ -18,10 +18,10 @@ from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageOps
 from dali_autoproxy.backends.cpu_replay import CPU_KERNELS
 from dali_autoproxy.backends.torch_stage import TORCH_KERNELS
 from dali_autoproxy.backends.torch_stage.registry import Batch
-from dali_autoproxy.plan.learnt import LEARNT
 from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall
 from dali_autoproxy.plan.planning import build_plan
-from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, recording
+from dali_autoproxy.plan.record.image import NeedsPixels, RecordingImage, recording
+from dali_autoproxy.plan.record.learnt import LEARNT
 
 # each recorded call, as user code writes it on a PIL image
 USER_CALLS = {

@@ -14,7 +14,7 @@ import torchvision.transforms.v2.functional as F2
 from helpers import image_folder, last_report, load_all
 from PIL import Image, ImageFilter
 
-from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, recording
+from dali_autoproxy.plan.record.image import NeedsPixels, RecordingImage, recording
 
 
 class UserClass:

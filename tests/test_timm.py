@@ -183,7 +183,7 @@ def test_timm_augmix_that_cannot_be_translated_says_why(monkeypatch):
 def test_a_solarize_add_table_is_recorded_as_one_call():
     from timm.data.auto_augment import solarize_add
 
-    from dali_autoproxy.plan.recording import RecordingImage, recording
+    from dali_autoproxy.plan.record.image import RecordingImage, recording
     recording.active += 1
     try:
         for add, threshold in ((1, 128), (44, 128), (110, 100), (300, 7)):

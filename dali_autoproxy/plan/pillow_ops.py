@@ -53,7 +53,7 @@ PILLOW_CALLS = (
     "tv_blur",         # torchvision's gaussian_blur on PIL: a = blur_window(v2, kx, ky), b, c = sigma x, y
     "permute",         # v2's permute_channels on PIL (RandomPhotometricDistort): a, b, c = the channel order
     # torchvision's tensor kernels on a uint8 tensor of the image (the detection presets' tensor
-    # backends, plan/recording_tensor_hooks.py): a = the factor, b = 0 for v1's, 1 for v2's
+    # backends, plan/record/tensor_hooks.py): a = the factor, b = 0 for v1's, 1 for v2's
     "tv_brightness",   # adjust_brightness
     "tv_contrast",     # adjust_contrast
     "tv_saturation",   # adjust_saturation
@@ -80,7 +80,7 @@ BUILTIN_KERNELS = ("BLUR", "CONTOUR", "DETAIL", "EDGE_ENHANCE", "EDGE_ENHANCE_MO
 @dataclass(frozen=True)
 class PillowCall(Op):
     """One Pillow call that a transform without a translation made on a recording image
-    (``plan/recording.py``), per sample: ``call`` indexes PILLOW_CALLS, ``a``, ``b`` and ``c`` are
+    (``plan/record/image.py``), per sample: ``call`` indexes PILLOW_CALLS, ``a``, ``b`` and ``c`` are
     its arguments as the user's code passed them. A recorded transform gets a few of these in a row,
     one per call it made; positions it did not use hold "none". Every call keeps the size and the
     channels (an image converted to "L" keeps its luma in every channel, which every recorded

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, List, Optional, Tuple
 
 from dali_autoproxy.plan.ir import Op, Placement, ToCHW, Unsupported, split_at_takeover
-from dali_autoproxy.plan.learnt import LEARNT
 from dali_autoproxy.plan.pillow_ops import PillowCall
+from dali_autoproxy.plan.record.learnt import LEARNT
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.steps import ChainState, SampleGeometry, Step
 from dali_autoproxy.plan.translate import flatten, is_chain, lookup, transform_name

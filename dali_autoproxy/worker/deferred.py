@@ -25,7 +25,7 @@ from typing import Any, Optional, Tuple
 
 from PIL import Image, JpegImagePlugin
 
-from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, recording
+from dali_autoproxy.plan.record.image import NeedsPixels, RecordingImage, recording
 
 _SOF_BASELINE_PROGRESSIVE = (0xC0, 0xC1, 0xC2)  # 8-bit Huffman frames, which PIL opens as "L"/"RGB"
 _STANDALONE = set(range(0xD0, 0xD8)) | {0x01}     # markers without a length field

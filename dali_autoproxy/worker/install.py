@@ -11,8 +11,8 @@ from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
 from dali_autoproxy.patches import ledger
 from dali_autoproxy.plan.planning import walk
-from dali_autoproxy.plan.recording_hooks import PILLOW_HOOKS
-from dali_autoproxy.plan.recording_tensor_hooks import TENSOR_HOOKS
+from dali_autoproxy.plan.record.image_hooks import PILLOW_HOOKS
+from dali_autoproxy.plan.record.tensor_hooks import TENSOR_HOOKS
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.translate import compose_types
 from dali_autoproxy.worker.chains import ChainRouter, convert_jpeg, guarded_fetch, on_chain_call

@@ -4,7 +4,7 @@ Detection and segmentation transforms take the image with its targets: a v2 tran
 with ``(image, target)`` or any structure holding one image and ``tv_tensors`` (BoundingBoxes,
 Mask, KeyPoints) and plain labels. Such a call is taken over for its image: the transform runs
 for real, here, with a recording image of the image's size in the image's place
-(``plan/recording.py``) and the sample's own targets. torchvision therefore draws every parameter
+(``plan/record/image.py``) and the sample's own targets. torchvision therefore draws every parameter
 as it always does (``make_params`` on the flattened sample, the same RNG calls in the same order)
 and transforms the targets with its own kernels (boxes, masks, keypoints, ``SanitizeBoundingBoxes``,
 ``ConvertBoundingBoxFormat``): the targets it returns are plain's, bit for bit. The image's Pillow
@@ -26,10 +26,10 @@ from PIL import Image
 
 from dali_autoproxy.config import logger
 from dali_autoproxy.plan.ir import Unsupported
-from dali_autoproxy.plan.learnt import LEARNT
 from dali_autoproxy.plan.planning import Plan, build_joint_plan
-from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage
-from dali_autoproxy.plan.recording_tensor import RecordingTensor, settled
+from dali_autoproxy.plan.record.image import NeedsPixels, RecordingImage
+from dali_autoproxy.plan.record.learnt import LEARNT
+from dali_autoproxy.plan.record.tensor import RecordingTensor, settled
 from dali_autoproxy.plan.translate.registry import compose_types, transform_name
 from dali_autoproxy.plan.translate.registry import flatten as unroll
 from dali_autoproxy.transport import ENCODED, RAW, WHY_RECORDING, ProxySample

@@ -22,9 +22,9 @@ from PIL import Image
 
 from dali_autoproxy.config import logger
 from dali_autoproxy.plan.ir import Unsupported
-from dali_autoproxy.plan.learnt import LEARNT
 from dali_autoproxy.plan.planning import Plan, build_joined_plan, build_plan
-from dali_autoproxy.plan.recording import NeedsPixels, call_token
+from dali_autoproxy.plan.record.image import NeedsPixels, call_token
+from dali_autoproxy.plan.record.learnt import LEARNT
 from dali_autoproxy.plan.steps import SampleGeometry
 from dali_autoproxy.plan.translate import flatten
 from dali_autoproxy.transport import (

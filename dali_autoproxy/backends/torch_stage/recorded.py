@@ -142,7 +142,7 @@ CALLS: Dict[str, Call] = {
     "kernel": lambda x, a, b, c: _builtin_kernel(x, a),
     "hflip": lambda x, a, b, c: x.flip(3),
     "vflip": lambda x, a, b, c: x.flip(2),
-    "transpose": lambda x, a, b, c: x.transpose(2, 3),  # square images only (recording.py)
+    "transpose": lambda x, a, b, c: x.transpose(2, 3),  # square images only (record/image.py)
     "grayscale": _grayscale,
     "invert": lambda x, a, b, c: 255 - x,
     "solarize": lambda x, a, b, c: torch.where(x >= _per_sample(a, x), 255 - x, x),

@@ -3,7 +3,7 @@
 Planning falls back to this for a step that has no converter (or whose converter refused it)
 where the chain holds an RGB PIL image: a user's class, a function in a Compose, a torchvision
 transform whose arguments have no translation. The step's drawer runs the transform itself, in
-the worker, on a :class:`~dali_autoproxy.plan.recording.RecordingImage` of the sample's size;
+the worker, on a :class:`~dali_autoproxy.plan.record.image.RecordingImage` of the sample's size;
 the Pillow calls it made become ``PillowCall`` ops with the arguments it passed (a few positions
 per transform: ``LEARNT.call_widths``, grown when a sample records more), its crops and resizes
 ``Crop`` and ``PillowResize`` ops (the plan's shape, ``LEARNT.shape_of``, learnt from the first
@@ -26,9 +26,8 @@ from dali_autoproxy.plan.ir import (
     TensorResize,
     Warp,
 )
-from dali_autoproxy.plan.learnt import LEARNT
 from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall, RaggedPillowCall
-from dali_autoproxy.plan.recording import (
+from dali_autoproxy.plan.record.image import (
     GEOMETRY_CALLS,
     MAX_CALLS,
     CallShape,
@@ -37,7 +36,8 @@ from dali_autoproxy.plan.recording import (
     call_token,
     recording,
 )
-from dali_autoproxy.plan.recording_tensor import RecordingTensor, equivalent
+from dali_autoproxy.plan.record.learnt import LEARNT
+from dali_autoproxy.plan.record.tensor import RecordingTensor, equivalent
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.registry import compose_types, lookup, transform_name

@@ -22,7 +22,7 @@ from PIL import Image
 from dali_autoproxy.plan.ir import Unsupported, Warp
 from dali_autoproxy.plan.pillow_ops import CALL_CODE, PillowCall
 from dali_autoproxy.plan.policy_ops import MixAdd, MixBlend, MixStart
-from dali_autoproxy.plan.recording import GEOMETRY_CALLS, NeedsPixels, RecordingImage, recording
+from dali_autoproxy.plan.record.image import GEOMETRY_CALLS, NeedsPixels, RecordingImage, recording
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.steps import ChainState, Step
 from dali_autoproxy.plan.translate.policies import AUGMIX_IN_THE_WORKER

@@ -14,7 +14,7 @@ fill the user's code makes "on the image's device" holds real values; writing su
 the whole border of a pad is that pad's fill. Anything else done to it (arithmetic, other
 indexing, another function) needs its values: it raises ``NeedsPixels`` and the class runs in
 the worker, as for a recording image. Only the module functions that
-``plan/recording_tensor_hooks.py`` wraps, called as attributes of their modules, are recorded.
+``plan/record/tensor_hooks.py`` wraps, called as attributes of their modules, are recorded.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 
-from dali_autoproxy.plan.recording import NeedsPixels, _user_frame, recording
+from dali_autoproxy.plan.record.image import NeedsPixels, _user_frame, recording
 
 _METADATA = {torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.ndim.__get__,
              torch.Tensor.size, torch.Tensor.dim, torch.Tensor.is_floating_point,

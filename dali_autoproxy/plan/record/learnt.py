@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Tuple
 
 from dali_autoproxy.config import logger
-from dali_autoproxy.plan.recording import MAX_CALLS, CallShape, NeedsPixels
+from dali_autoproxy.plan.record.image import MAX_CALLS, CallShape, NeedsPixels
 
 MAX_SIZE_CHANGES = 8  # crops and resizes planned for one recorded transform; more: it runs in the worker
 

@@ -9,7 +9,7 @@ with the call appended, holding the arguments the user's code passed; the user's
 draws run as written, on the same generators, so they are plain's. Pillow's module functions
 that read pixels to decide (``ImageOps.equalize`` and ``autocontrast``, ``ImageEnhance``) and
 torchvision's PIL functions that go through NumPy (3-channel grayscale, hue) are recorded
-through the hooks in ``recording_hooks.PILLOW_HOOKS``, which the workers install; torchvision's other functional
+through the hooks in ``image_hooks.PILLOW_HOOKS``, which the workers install; torchvision's other functional
 calls on PIL images (flips, brightness, contrast, saturation, sharpness, solarize, posterize,
 invert, autocontrast, equalize) reach the recorded Pillow calls by themselves.
 
@@ -48,14 +48,14 @@ CallShape = Tuple[Tuple[str, ...], Tuple[int, ...]]  # the size changes in order
 #   ("pad", fill, top, left, height, width): ImageOps.expand (torchvision's constant pad), a crop with the
 #       fill outside the image, ``top`` and ``left`` minus the borders
 #   ("tensor_resize", height, width, interpolation, antialias, api): torchvision's own resize of the image
-#       made a tensor (plan/recording_tensor_hooks.py), ir.TensorResize
+#       made a tensor (plan/record/tensor_hooks.py), ir.TensorResize
 GEOMETRY_CALLS = ("crop", "resize", "warp", "perspective", "reduce", "pad", "tensor_resize")
 
 
 def call_token(call: Call) -> Any:
     """What a size change contributes to a plan's shape: its kind, and for a warp the fill and
     the filter (fixed in its op)."""
-    if call[0] == "tensor":  # made a tensor (plan/recording_tensor.py): the transform it equals
+    if call[0] == "tensor":  # made a tensor (plan/record/tensor.py): the transform it equals
         return tuple(call)
     if call[0] == "pad":
         return tuple(call[:2])

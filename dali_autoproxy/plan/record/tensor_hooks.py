@@ -1,5 +1,5 @@
 """The hooks that record torchvision's functions called on a recording image made a tensor
-(``plan/recording_tensor.py``): the conversions that make the tensor (to_tensor, pil_to_tensor,
+(``plan/record/tensor.py``): the conversions that make the tensor (to_tensor, pil_to_tensor,
 v2's to_image) and the steps after them (normalize, the conversions to float, to_pil_image back),
 and the kernels on an image tensor that are recorded as the image's own calls (crops, flips,
 torchvision's tensor colour kernels, permute_channels, constant pads, the bilinear resize). Each
@@ -19,8 +19,8 @@ from PIL import Image
 from torchvision import tv_tensors
 from torchvision.transforms import InterpolationMode
 
-from dali_autoproxy.plan.recording import NeedsPixels, RecordingImage, _needs_pixels, _user_frame
-from dali_autoproxy.plan.recording_tensor import (
+from dali_autoproxy.plan.record.image import NeedsPixels, RecordingImage, _needs_pixels, _user_frame
+from dali_autoproxy.plan.record.tensor import (
     ZERO_KEEPING,
     RecordingTensor,
     before_tail,

@@ -1,5 +1,5 @@
 """The hooks that record Pillow's and torchvision's functions called on a recording image
-(``plan/recording.py``): functions that measure the pixels before they act (ImageOps.equalize /
+(``plan/record/image.py``): functions that measure the pixels before they act (ImageOps.equalize /
 autocontrast, ImageEnhance's enhancers), torchvision's PIL functions that go through NumPy or
 tensors (3-channel grayscale, hue, gaussian_blur), and ``Image.blend`` of an image and a branch
 made from it. Each passes through untouched for any other image. Installed in a proxied loader's
@@ -17,7 +17,7 @@ import torchvision.transforms.v2.functional as F2
 from PIL import Image, ImageEnhance, ImageOps
 
 from dali_autoproxy.plan.pillow_ops import blur_window
-from dali_autoproxy.plan.recording import GEOMETRY_CALLS, RecordingImage, _needs_pixels
+from dali_autoproxy.plan.record.image import GEOMETRY_CALLS, RecordingImage, _needs_pixels
 from dali_autoproxy.plan.tv_internals import v2_pil_kernels
 
 
