@@ -23,9 +23,13 @@ FILTERS = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "h
 COMPUTED = [FILTERS[k] for k in ("bilinear", "bicubic", "box")]  # filters whose weights the kernel computes
 
 
-def _batch(rng, n, max_side=160, max_out=120, filters=tuple(FILTERS.values())):
+SIDES = {"max_side": 160, "max_out": 120}  # _batch's largest crop and output sides (smaller in the interpreter)
+
+
+def _batch(rng, n, max_side=None, max_out=None, filters=tuple(FILTERS.values())):
     """n random crops of photographs (each its own size), padded into one batch, with random
     output sizes and filters (of ``filters``): (x, in_hw, out_hw, kinds, crops)."""
+    max_side, max_out = max_side or SIDES["max_side"], max_out or SIDES["max_out"]
     photos = photographs()
     crops, ins, outs = [], [], []
     for b in range(n):
@@ -505,6 +509,7 @@ def test_spawned_workers_plan_with_the_main_process_options(photo_root):
 
 if __name__ == "__main__":  # the interpreter test's subprocess
     DEVICE = sys.argv[1]
+    SIDES.update(max_side=90, max_out=70)  # the interpreter runs every program in Python
     from dali_autoproxy.backends.torch_stage.kept_tables import KeptTables
     KeptTables.COMPUTED_ON = ("cuda", "cpu")  # new tables computed by the device's torch ops, as on the GPU
     from dali_autoproxy.backends.torch_stage import _triton_resample, resample
