@@ -104,6 +104,17 @@ def test_torchs_uint8_resize_arithmetic_as_torch_ops_equals_its_cpu_kernel(devic
         for mode in ("bilinear", "bicubic"):
             for antialias in (True, False):
                 want = v2.functional.resize_image(images, [oh, ow], interpolation=I(mode), antialias=antialias)
-                got = uint8_resize.resize(images.to(on), [oh, ow], mode, antialias).cpu()
-                assert torch.equal(want, got), (ih, iw, oh, ow, mode, antialias,
-                                                int((want.int() - got.int()).abs().max()))
+                got = uint8_resize.resize(images.to(on), [(ih, iw)] * 2, [oh, ow], mode, antialias).cpu()
+                assert torch.equal(want, got.to(torch.uint8)), (ih, iw, oh, ow, mode, antialias,
+                                                                int((want.int() - got).abs().max()))
+    # a batch of many input sizes to one output size, each in the top-left corner of the padded batch
+    ins = [(int(h), int(w)) for h, w in rng.integers(1, 200, (12, 2))] + [(64, 80), (80, 64)]
+    padded = torch.zeros((len(ins), 3, 200, 200), dtype=torch.float32)
+    want = []
+    for b, (h, w) in enumerate(ins):
+        image = torch.from_numpy(rng.integers(0, 256, (1, 3, h, w), dtype=np.uint8))
+        padded[b, :, :h, :w] = image[0].float()
+        want.append(v2.functional.resize_image(image.contiguous(memory_format=torch.channels_last), [64, 80],
+                                               interpolation=I.BILINEAR, antialias=True)[0])
+    got = uint8_resize.resize(padded.to(on), np.array(ins), [64, 80], "bilinear", True).cpu()
+    assert torch.equal(torch.stack(want), got.to(torch.uint8))

@@ -59,18 +59,24 @@ def _tensor_resize(x: torch.Tensor, op: TensorResize, batch: Batch) -> torch.Ten
     dtype torchvision sees (uint8 while the batch holds whole numbers); the outputs as one batch,
     padded where their sizes differ (``batch.sizes``)."""
     sizes = batch.host[:, op.span("in_height", "out_width")].astype(np.int64)
-    groups: Dict[Tuple[int, ...], List[int]] = {}
-    for i, key in enumerate(map(tuple, sizes)):
-        groups.setdefault(key, []).append(i)
     dtype = torch.uint8 if batch.integer else x.dtype
     integers = (x.is_cuda and op.api == "v2" and dtype == torch.uint8
                 and uint8_resize.cpu_resizes_natively(op.interpolation))
-    run = uint8_resize.resize if integers else torchvision_resize(op.api)
+    groups: Dict[Tuple[int, ...], List[int]] = {}  # the integer path takes any input sizes together
+    for i, key in enumerate(map(tuple, sizes[:, 2:] if integers else sizes)):
+        groups.setdefault(key, []).append(i)
     out_hw = sizes[:, 2:]
     oh, ow = int(out_hw[:, 0].max()), int(out_hw[:, 1].max())
     out = torch.zeros((x.shape[0], x.shape[1], oh, ow), dtype=torch.float32, device=x.device)
-    for (ih, iw, h, w), rows in groups.items():
+    for key, rows in groups.items():
         index = upload(np.asarray(rows), x.device)
+        h, w = key[-2:]
+        if integers:
+            resized = uint8_resize.resize(x.index_select(0, index), sizes[rows, :2], [h, w], op.interpolation,
+                                          bool(op.antialias))
+            out[:, :, :h, :w].index_copy_(0, index, resized.to(torch.float32))
+            continue
+        ih, iw = key[:2]
         if (ih, iw) == (h, w):  # torchvision returns the image as it is
             out[:, :, :h, :w].index_copy_(0, index, x.index_select(0, index)[:, :, :h, :w].to(torch.float32))
             continue
@@ -78,7 +84,7 @@ def _tensor_resize(x: torch.Tensor, op: TensorResize, batch: Batch) -> torch.Ten
         # float kernels take another path, with other roundings, on a contiguous CHW tensor
         images = x.index_select(0, index)[:, :, :ih, :iw].to(dtype).contiguous(memory_format=torch.channels_last)
         with _as_in_a_worker(x):
-            resized = run(images, [h, w], op.interpolation, bool(op.antialias) if integers else op.antialias)
+            resized = torchvision_resize(op.api)(images, [h, w], op.interpolation, op.antialias)
         out[:, :, :h, :w].index_copy_(0, index, resized.to(torch.float32))
     batch.sizes = None if len(groups) == 1 or bool((out_hw == out_hw[0]).all()) else out_hw
     return out

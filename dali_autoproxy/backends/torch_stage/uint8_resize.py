@@ -118,28 +118,53 @@ def axis_table(n_in: int, n_out: int, interpolation: str, antialias: bool) -> Tu
     return first, weights, bits
 
 
-def _pass(x: torch.Tensor, n_out: int, dim: int, interpolation: str, antialias: bool) -> torch.Tensor:
-    """One axis of int32 images [N, C, H, W] resampled (``dim`` 3: the width, 2: the height)."""
-    n_in = x.shape[dim]
-    first, weights, bits = axis_table(n_in, n_out, interpolation, antialias)
-    k = weights.shape[1]
-    index = np.minimum(first[:, None] + np.arange(k)[None, :], n_in - 1).reshape(-1)
-    taps = x.index_select(dim, upload(index, x.device))  # the axis becomes n_out * K
-    w = upload(weights, x.device)
+_GATHER_LIMIT = 1 << 25  # int32 taps gathered at once: a batch is resampled in chunks of samples under it
+
+
+def _tables(n_in: np.ndarray, n_out: int, interpolation: str, antialias: bool, device: torch.device):
+    """The batch's tables for one axis, each sample its own input size: taps' indices (int64
+    [B, n_out * K], clamped to the sample's last pixel), weights (int32 [B, n_out, K], zeros
+    past a sample's own K), the rounding's half unit and the shift (int32 [B]), and K."""
+    tables = [axis_table(int(n), n_out, interpolation, antialias) for n in n_in]
+    k = max(t[1].shape[1] for t in tables)
+    index = np.empty((len(tables), n_out * k), dtype=np.int64)
+    weights = np.zeros((len(tables), n_out, k), dtype=np.int32)
+    bits = np.array([t[2] for t in tables], dtype=np.int32)
+    for b, ((first, w, _), n) in enumerate(zip(tables, n_in)):
+        weights[b, :, :w.shape[1]] = w
+        index[b] = np.minimum(first[:, None] + np.arange(k)[None, :], int(n) - 1).reshape(-1)
+    return (upload(index, device), upload(weights, device), upload(1 << (bits - 1), device), upload(bits, device), k)
+
+
+def _pass(x: torch.Tensor, n_in: np.ndarray, n_out: int, dim: int, interpolation: str,
+          antialias: bool) -> torch.Tensor:
+    """One axis of int32 images [B, C, H, W] resampled, each sample from its own ``n_in``
+    pixels at the start of the axis (``dim`` 3: the width, 2: the height)."""
+    index, weights, half, bits, k = _tables(n_in, n_out, interpolation, antialias, x.device)
+    b, c, h, w = x.shape
     if dim == 3:
-        summed = (taps.view(*x.shape[:3], n_out, k) * w).sum(-1, dtype=torch.int32)
+        taps = x.gather(3, index.view(b, 1, 1, -1).expand(b, c, h, n_out * k)).view(b, c, h, n_out, k)
+        summed = (taps * weights.view(b, 1, 1, n_out, k)).sum(-1, dtype=torch.int32)
     else:
-        summed = (taps.view(*x.shape[:2], n_out, k, x.shape[3]) * w.view(n_out, k, 1)).sum(3, dtype=torch.int32)
-    return summed.add_(1 << (bits - 1)).bitwise_right_shift_(bits).clamp_(0, 255)
+        taps = x.gather(2, index.view(b, 1, -1, 1).expand(b, c, n_out * k, w)).view(b, c, n_out, k, w)
+        summed = (taps * weights.view(b, 1, n_out, k, 1)).sum(3, dtype=torch.int32)
+    return summed.add_(half.view(b, 1, 1, 1)).bitwise_right_shift_(bits.view(b, 1, 1, 1)).clamp_(0, 255)
 
 
-def resize(images: torch.Tensor, size: List[int], interpolation: str, antialias: bool) -> torch.Tensor:
-    """uint8 images [N, C, H, W] to ``size`` as torchvision v2 gives them on a CPU that
-    resizes uint8 natively: the width first, then the height, an axis of equal size skipped."""
-    x = images.to(torch.int32)
+def resize(images: torch.Tensor, in_hw: np.ndarray, size: List[int], interpolation: str,
+           antialias: bool) -> torch.Tensor:
+    """Images holding whole numbers 0..255 ([B, C, H, W], any dtype), each sample its own
+    (height, width) ``in_hw`` in the top-left corner, to one ``size``, as torchvision v2 gives
+    them on a CPU that resizes uint8 natively: the width pass, then the height pass (an axis of
+    the same size comes through unchanged, as torch skips it). int32 [B, C, *size]."""
     height, width = size
-    if x.shape[3] != width:
-        x = _pass(x, width, 3, interpolation, antialias)
-    if x.shape[2] != height:
-        x = _pass(x, height, 2, interpolation, antialias)
-    return x.to(torch.uint8)
+    in_hw = np.asarray(in_hw, dtype=np.int64).reshape(-1, 2)
+    per_sample = images.shape[1] * int(in_hw[:, 0].max()) * width * (int(math.ceil(in_hw[:, 1].max() / width)) * 4 + 5)
+    step = max(1, _GATHER_LIMIT // max(per_sample, 1))
+    out = []
+    for start in range(0, images.shape[0], step):
+        rows = in_hw[start:start + step]
+        x = images[start:start + step, :, :int(rows[:, 0].max()), :int(rows[:, 1].max())].to(torch.int32)
+        x = _pass(x, rows[:, 1], width, 3, interpolation, antialias)
+        out.append(_pass(x, rows[:, 0], height, 2, interpolation, antialias))
+    return out[0] if len(out) == 1 else torch.cat(out)
