@@ -13,7 +13,7 @@ in the worker; they travel as finished tensors and are merged back in place.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -138,6 +138,15 @@ class Unrouted:
         from torch.utils.data._utils.pin_memory import pin_memory
         self.batch = pin_memory(self.batch)
         return self
+
+
+# collates that only copy the images, which the main process replaces by an equivalent on DALI's
+# tensors (main/collate.py), by qualified name: the worker's log names the equivalent, not a fallback
+COLLATES_WITH_EQUIVALENTS = ("timm.data.loader.fast_collate",)
+
+
+def qualified_name(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
 
 
 INLINE_BYTES = 1 << 16  # CPU tensors of a sample this small travel inside the batch's pickle

@@ -208,12 +208,12 @@ def test_timm_is_not_imported_by_us():
     assert res.returncode == 0 and res.stdout.strip() == "False", res.stderr
 
 
-def _timm_batches(root, autoproxy, seed, prefetcher=False):
+def _timm_batches(root, autoproxy, seed, prefetcher=False, log_level="WARNING"):
     """timm's own dataset and loader as its training script builds them; ``prefetcher``: the
     script's default, fast_collate (uint8) and PrefetchLoader (normalising on the device)."""
     import dali_autoproxy
     if autoproxy:
-        dali_autoproxy.enable(device="cpu", log_level="WARNING")
+        dali_autoproxy.enable(device="cpu", log_level=log_level)
     try:
         torch.manual_seed(seed)
         ds = timm_data.create_dataset("", root=root, split="")
@@ -237,9 +237,13 @@ def test_timm_create_dataset_and_loader_decode_on_dali(photo_root):
     compare(ref, out)
 
 
-def test_timm_fast_collate_and_prefetch_loader(photo_root):
+def test_timm_fast_collate_and_prefetch_loader(photo_root, capfd):
+    """Proxied, fast_collate replaced by its equivalent on DALI's tensors, and the log says so
+    (not that the collate fell back for needing the images' values)."""
     ref = _timm_batches(photo_root, False, 4, prefetcher=True)
-    out = _timm_batches(photo_root, True, 4, prefetcher=True)
+    out = _timm_batches(photo_root, True, 4, prefetcher=True, log_level="INFO")
+    said = capfd.readouterr().err
+    assert "fast_collate copies the images into a batch" in said and "needs the images' values" not in said, said
     rep = last_report()
     assert rep["proxied"] and rep["decoded_on_dali"] == sum(len(b[1]) for b in out), rep
     assert ref[0][0].dtype == torch.float32  # normalised by the prefetcher

@@ -12,7 +12,16 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.data import default_collate
 
-from dali_autoproxy.transport import InlineTensor, ProxyBatch, ProxyCollated, Slot, TracedCollate, TraceRef
+from dali_autoproxy.transport import (
+    COLLATES_WITH_EQUIVALENTS,
+    InlineTensor,
+    ProxyBatch,
+    ProxyCollated,
+    Slot,
+    TracedCollate,
+    TraceRef,
+    qualified_name,
+)
 from dali_autoproxy.tree import flatten, map_leaves, unflatten
 from dali_autoproxy.worker.collate import rng_states, set_rng_states
 
@@ -84,11 +93,12 @@ def _timm_fast_collate(original: Callable) -> Callable:
     return fast_collate_on_device
 
 
-# collate functions with a faster equivalent on DALI's device, by qualified name (never imported)
-ON_DEVICE = {"timm.data.loader.fast_collate": _timm_fast_collate}
+# collate functions with a faster equivalent on DALI's device, by qualified name (never imported);
+# transport.COLLATES_WITH_EQUIVALENTS names them for the workers' log
+ON_DEVICE = dict(zip(COLLATES_WITH_EQUIVALENTS, (_timm_fast_collate,)))
 
 
 def on_device(collate: Callable) -> Callable:
     """The collate to run in the main process: the user's, or its on-device equivalent."""
-    name = f"{getattr(collate, '__module__', '')}.{getattr(collate, '__qualname__', '')}"
+    name = qualified_name(collate)
     return ON_DEVICE[name](collate) if name in ON_DEVICE else collate

@@ -34,7 +34,17 @@ from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 
 from dali_autoproxy.config import logger
-from dali_autoproxy.transport import ENCODED, InlineTensor, ProxyBatch, ProxyCollated, ProxyGroup, ProxySample, Slot
+from dali_autoproxy.transport import (
+    COLLATES_WITH_EQUIVALENTS,
+    ENCODED,
+    InlineTensor,
+    ProxyBatch,
+    ProxyCollated,
+    ProxyGroup,
+    ProxySample,
+    Slot,
+    qualified_name,
+)
 from dali_autoproxy.tree import Path, flatten, map_leaves, unflatten
 from dali_autoproxy.worker.collate_trace import NotTraceable, trace_collate
 from dali_autoproxy.worker.routing import local
@@ -111,10 +121,14 @@ class CollateInMain:
         info = get_worker_info()
         if not self._warned and (info is None or info.id == 0):  # once per loader, not per worker
             self._warned = True
+            name = getattr(self.user_collate, "__name__", self.user_collate)
+            if qualified_name(self.user_collate) in COLLATES_WITH_EQUIVALENTS:
+                logger.info("dali_autoproxy: collate_fn %s copies the images into a batch: the main process "
+                            "runs its equivalent on DALI's tensors (the images stacked where DALI made them)", name)
+                return
             logger.info("dali_autoproxy: collate_fn %s needs the images' values (%s); it runs in the main "
                         "process on DALI's tensors, under the worker's random states, and what it did "
-                        "before that point in the worker happens again there",
-                        getattr(self.user_collate, "__name__", self.user_collate), exc)
+                        "before that point in the worker happens again there", name, exc)
 
 
 def mixed_to_samples(data: List[Any]) -> List[Any]:
