@@ -237,12 +237,20 @@ def test_timm_create_dataset_and_loader_decode_on_dali(photo_root):
     compare(ref, out)
 
 
-def test_timm_fast_collate_and_prefetch_loader(photo_root, capfd):
+def test_timm_fast_collate_and_prefetch_loader(photo_root, tmp_path):
     """Proxied, fast_collate replaced by its equivalent on DALI's tensors, and the log says so
     (not that the collate fell back for needing the images' values)."""
+    import logging
     ref = _timm_batches(photo_root, False, 4, prefetcher=True)
-    out = _timm_batches(photo_root, True, 4, prefetcher=True, log_level="INFO")
-    said = capfd.readouterr().err
+    log = logging.getLogger("dali_autoproxy")
+    to_file = logging.FileHandler(tmp_path / "log.txt")  # the forked workers inherit it
+    log.addHandler(to_file)
+    try:
+        out = _timm_batches(photo_root, True, 4, prefetcher=True, log_level="INFO")
+    finally:
+        log.removeHandler(to_file)
+        to_file.close()
+    said = (tmp_path / "log.txt").read_text()
     assert "fast_collate copies the images into a batch" in said and "needs the images' values" not in said, said
     rep = last_report()
     assert rep["proxied"] and rep["decoded_on_dali"] == sum(len(b[1]) for b in out), rep
