@@ -89,8 +89,8 @@ class _Recording(threading.local):
 
 recording = _Recording()
 
-_OURS = tuple(os.path.dirname(m.__file__) + os.sep for m in (Image,)) + (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
+_PACKAGE = os.path.abspath(__file__).rsplit(os.sep + os.path.join("plan", "record", ""), 1)[0]  # dali_autoproxy/
+_OURS = tuple(os.path.dirname(m.__file__) + os.sep for m in (Image,)) + (_PACKAGE + os.sep,)
 _LIBRARIES = ("numpy", "torchvision", "torch")
 
 
