@@ -133,7 +133,8 @@ def _tables(n_in: np.ndarray, n_out: int, interpolation: str, antialias: bool, d
     for b, ((first, w, _), n) in enumerate(zip(tables, n_in)):
         weights[b, :, :w.shape[1]] = w
         index[b] = np.minimum(first[:, None] + np.arange(k)[None, :], int(n) - 1).reshape(-1)
-    return (upload(index, device), upload(weights, device), upload(1 << (bits - 1), device), upload(bits, device), k)
+    half = (np.int32(1) << (bits - 1)).astype(np.int32)
+    return upload(index, device), upload(weights, device), upload(half, device), upload(bits, device), k
 
 
 def _pass(x: torch.Tensor, n_in: np.ndarray, n_out: int, dim: int, interpolation: str,
