@@ -218,3 +218,26 @@ def test_the_cpu_division_mode_changes_no_value_of_torchvisions_kernels(api):
         assert torch.equal(got, kernels[which](x.contiguous(), f))
         if which == 1 or (which == 3 and api == "v1"):  # contrast's mean, v1 hue's divisions (v2 multiplies)
             assert seen, which
+
+
+def test_tritons_once_per_process_set_up_finds_what_it_warms(monkeypatch):
+    """The set-up a GPU pipeline starts in the background (``set_up_in_background``) reaches the
+    installed Triton's source hash (``triton_key``, where this Triton keeps it) and starts once
+    per process; without a GPU its driver part fails quietly, as the first kernel would."""
+    pytest.importorskip("triton")
+    import importlib
+
+    from dali_autoproxy.backends.torch_stage import fused_color
+    homes = [h for h in fused_color._TRITON_KEY_HOMES if hasattr(importlib.import_module(h), "triton_key")]
+    assert homes, f"Triton {__import__('triton').__version__} keeps triton_key elsewhere"
+    key = importlib.import_module(homes[0]).triton_key
+    key.cache_clear()
+    fused_color._set_up(0)  # in this thread: what the background thread runs
+    assert key.cache_info().currsize == 1
+    started = []
+    monkeypatch.setattr(fused_color, "_SET_UP", {"started": False})
+    monkeypatch.setattr(fused_color.threading, "Thread", lambda **kw: started.append(kw) or type(
+        "T", (), {"start": lambda self: None})())
+    fused_color.set_up_in_background(0)
+    fused_color.set_up_in_background(0)
+    assert len(started) == 1 and started[0]["daemon"]
