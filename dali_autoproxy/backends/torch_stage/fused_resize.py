@@ -103,6 +103,13 @@ class Tail:
 NO_TAIL = Tail()
 
 
+def window_inside(start: np.ndarray, extent: np.ndarray, bounds: np.ndarray) -> bool:
+    """Whether a crop is a window of the resize before it: every sample's box (its start and
+    extent, [B, 2], in the axis order of ``bounds``) inside its resized image (``bounds``). A
+    crop that pads is the crop's own kernel's."""
+    return bool((start >= 0).all() and (start + extent <= bounds).all())
+
+
 class ResizeRun:
     """The stage's run from a PillowResize at ops[k]: the resize, the Crop right after it as its
     window (CenterCrop after Resize: only the crop's pixels are resampled) and the ``Tail`` its
@@ -129,8 +136,7 @@ class ResizeRun:
         g = batch.host[:, self.cols]
         hi, lo = g.max(0), g.min(0)
         windowed = self.crop is not None
-        if windowed and (min(lo[WINDOW], lo[WINDOW + 1]) < 0
-                         or (g[:, WINDOW:WINDOW + 2] + g[:, WINDOW + 2:WINDOW + 4] > g[:, OUT_W:OUT_H + 1]).any()):
+        if windowed and not window_inside(g[:, WINDOW:WINDOW + 2], g[:, WINDOW + 2:WINDOW + 4], g[:, OUT_W:OUT_H + 1]):
             return None
         if x.device not in self._constants:
             self._constants[x.device] = _normalize_constants(self.tail, x.shape[1], x.device)

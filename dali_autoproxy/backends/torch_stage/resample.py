@@ -168,9 +168,7 @@ def _window(op: PillowResize, crop: Crop, batch: Batch) -> Optional[np.ndarray]:
     inside its resized image (a crop that pads is the crop's own kernel's)."""
     out_hw = batch.host[:, op.span("out_height", "out_width")].astype(np.int64)
     window = batch.host[:, crop.span("top", "width")].astype(np.int64)
-    if (window[:, :2] < 0).any() or (window[:, :2] + window[:, 2:] > out_hw).any():
-        return None
-    return window
+    return window if fused_resize.window_inside(window[:, :2], window[:, 2:], out_hw) else None
 
 
 @fused_run(PillowResize)
