@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -23,7 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from helpers import image_folder, last_report, load_all  # noqa: E402
 from photos import make_photo_folder, psnr, to_uint8_domain  # noqa: E402
-from results_io import write_results  # noqa: E402
+from results_io import measured_commit, write_results  # noqa: E402
 from test_fidelity import EVAL, MEAN, STD, TRAIN  # noqa: E402
 
 
@@ -72,9 +71,7 @@ def main() -> None:
         make_photo_folder(root, per_class=8)
         rows = [r for dev in a.device for fid in a.fidelity for rs in a.resize
                 for r in measure(root, dev, fid, rs, a.pipelines)]
-    commit = os.environ.get("MEASURED_COMMIT") or subprocess.run(
-        ["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "HEAD"],
-        capture_output=True, text=True).stdout.strip()
+    commit = measured_commit()
     method = ("24 scikit-image photographs re-encoded as JPEG (3 classes x 8), batch 8, 2 workers, two epochs "
               "(fork, workers not persistent), the second epoch's batches compared with plain torchvision's "
               "(same seed: same crops and flips); error in uint8 levels over every pixel, the border included")

@@ -106,9 +106,8 @@ def main(argv=None) -> int:
         import platform
 
         import torch
-        from results_io import write_results
-        commit = os.environ.get("MEASURED_COMMIT") or subprocess.run(
-            ["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        from results_io import measured_commit, write_results
+        commit = measured_commit()
         method = (f"each mode one process; {a.loaders} DataLoaders of one chain made one after the other, each "
                   f"timed from its creation to its first batch on the GPU (batch {a.batch}, {a.workers} workers, "
                   "shuffle, fork, not persistent, pin_memory where there is a GPU), then dropped; Triton's "

@@ -56,7 +56,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from corpus import make_corpus  # noqa: E402
-from results_io import write_results  # noqa: E402
+from results_io import measured_commit, write_results  # noqa: E402
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -505,15 +505,16 @@ def _read_bytes(path):
     return np.fromfile(path, dtype=np.uint8)
 
 
-def run_dali_proxy(root, kind, workers, batch, warmup, dali_device, threads):
-    """The hand-written reference, following DALI's proxy documentation."""
+def run_dali_proxy(root, kind, workers, batch, warmup, dali_device, threads, hw_decoder_load=None):
+    """The hand-written reference, following DALI's proxy documentation (``hw_decoder_load``: its
+    decoder's hardware share, None for DALI's default)."""
     import torchvision
     from nvidia.dali import fn, pipeline_def
     from nvidia.dali.plugin.pytorch.experimental import proxy as dali_proxy
 
     @pipeline_def(enable_conditionals=kind == "trivialaugment")
     def pipe():
-        return _dali_ops(fn.external_source(name="images", no_copy=True), kind, dali_device)
+        return _dali_ops(fn.external_source(name="images", no_copy=True), kind, dali_device, hw_decoder_load)
 
     p = pipe(batch_size=batch, num_threads=threads, device_id=0 if dali_device == "gpu" else None,
              prefetch_queue_depth=2 * max(1, workers))
@@ -649,6 +650,8 @@ def main(argv=None):
     ap.add_argument("--samples", type=int, default=0,
                     help="samples per epoch, drawn by a sampler from the corpus (0: the corpus once): a long "
                          "epoch, so the timed window is long and in steady state")
+    ap.add_argument("--proxy-hw-decoder-load", type=float, default=None,
+                    help="dali_proxy's hardware-decoder share (default: DALI's own; autoproxy's is 0.9)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode, interleaved; the median is reported")
     ap.add_argument("--tv-repeat", type=int, default=1, help="runs of the (slow) torchvision mode")
     ap.add_argument("--epochs", type=int, default=1, help="epochs per run for the DALI modes")
@@ -672,7 +675,8 @@ def main(argv=None):
     corpus = make_corpus(a.data, a.images, large=a.large)
     env = {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-           "dali_device": a.device, "dali_threads": threads, "samples_per_epoch": epoch}
+           "dali_device": a.device, "dali_threads": threads, "samples_per_epoch": epoch,
+           "dali_proxy_hw_decoder_load": a.proxy_hw_decoder_load or "DALI's default"}
     try:
         import nvidia.dali
         import torchvision
@@ -685,7 +689,8 @@ def main(argv=None):
                "autoproxy_fast": lambda *x: run_torchvision(*x[:6], autoproxy=True, fidelity="fast"),
                "autoproxy_dali_resize": lambda *x: run_torchvision(*x[:6], autoproxy=True, resize="dali"),
                "autoproxy_loop_stream": lambda *x: on_loop_stream(run_torchvision, *x[:6], autoproxy=True),
-               "dali_proxy": run_dali_proxy, "dali_native": run_dali_native, "decode_ceiling": run_decode_ceiling,
+               "dali_proxy": lambda *x: run_dali_proxy(*x, hw_decoder_load=a.proxy_hw_decoder_load),
+               "dali_native": run_dali_native, "decode_ceiling": run_decode_ceiling,
                "decode_jpeg_gpu": run_decode_jpeg_gpu}
     results = []
     for batch, kind, w in [(b, k, w) for b in a.batch for k in a.pipelines for w in a.workers]:
@@ -761,7 +766,8 @@ def main(argv=None):
         with open(os.path.splitext(a.out)[0] + ".timeline.json", "w") as f:
             json.dump(timelines, f, indent=1)
     if a.out:
-        stem = write_results(a.out, {"corpus": corpus, "env": env, "results": results}, summary)
+        stem = write_results(a.out, {"commit": measured_commit(), "corpus": corpus, "env": env,
+                                      "results": results}, summary)
         chart(results, stem + ".png")
 
 

@@ -232,15 +232,11 @@ def main(argv=None) -> int:
     return 0 if all("error" not in r for r in rows) else 1
 
 
-def measured_commit() -> str:
-    return os.environ.get("MEASURED_COMMIT") or subprocess.run(
-        ["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-
-
 def kept_rows(out: str, arms: list) -> list:
     """The rows of ``out`` for arms other than ``arms``, if it measured this commit (one set per commit)."""
     if not out or not os.path.exists(out):
         return []
+    from results_io import measured_commit
     with open(out) as f:
         old = json.load(f)
     if old.get("commit") != measured_commit():
@@ -252,7 +248,7 @@ def save(out: str, rows: list, modes: list) -> None:
     import platform
 
     import torch
-    from results_io import write_results
+    from results_io import measured_commit, write_results
     commit = measured_commit()
     modes = [m for m in ["torchvision", *MODES_OPTIONS] if m in modes or any(r["mode"] == m for r in rows)]
     method = ("each arm one process, two epochs of a DataLoader with its defaults but those named (fork, workers "

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from typing import Any
+
+
+def measured_commit() -> str:
+    """The commit the figures measure: MEASURED_COMMIT (a copy of the tree without its .git, as on
+    the GPU machine), else this checkout's HEAD."""
+    return os.environ.get("MEASURED_COMMIT") or subprocess.run(
+        ["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "HEAD"],
+        capture_output=True, text=True).stdout.strip()
 
 
 def write_results(out: str, payload: Any, table: str) -> str:

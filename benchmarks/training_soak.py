@@ -273,9 +273,8 @@ def main(argv=None) -> int:
         import platform
 
         import torch
-        from results_io import write_results
-        commit = os.environ.get("MEASURED_COMMIT") or subprocess.run(
-            ["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        from results_io import measured_commit, write_results
+        commit = measured_commit()
         payload = {"commit": commit, "method": (
             "per arm, one process: ResNet-18 (AMP float16, channels_last, SGD) trained on every view of every "
             "batch, a DataLoader with its defaults (fork, workers not persistent, shuffle, pin_memory, drop_last) "

@@ -41,7 +41,8 @@ def main() -> None:
         make_photo_folder(root, per_class=4)
         for case in CASES:
             for api in case.apis:
-                row = {"transform": case.name, "api": api, "expect": case.expect}
+                row = {"transform": case.name, "api": api, "expect": case.expect if not case.dali_resize
+                       else f"{case.expect} (dali: {case.dali_resize})"}
                 for dev in a.device:
                     for resize in RESIZES:
                         try:
@@ -67,7 +68,8 @@ def main() -> None:
             "Each chain runs with both settings of the `resize` option: `pillow` (the default: Pillow's "
             "arithmetic for PIL images, torchvision's own kernel for tensors; the Triton kernel on the GPU: "
             "tests/test_resample.py, tests/test_tensor_resize.py) and `dali` (DALI's resize for bilinear, "
-            "bicubic and nearest resizes of PIL images and bilinear ones of tensors).",
+            "bicubic and nearest resizes of PIL images and bilinear ones of tensors); `expected` is what "
+            "tests/test_catalogue.py asserts with the default, and in brackets with `dali` where that differs.",
             "The GPU column decodes with PIL in the worker (the transforms' error alone; nvJPEG's decoding "
             "differs from libjpeg-turbo's by about a level, see benchmarks/results/fidelity_*.md).",
             "`DALI`: the whole chain runs in DALI; `partial`: the worker runs the prefix up to and including "

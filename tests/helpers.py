@@ -13,13 +13,14 @@ EPOCHS = 1  # epochs load_all runs unless told: 2 for every test marked gpu (con
 
 
 def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, fidelity: str = "exact",
-             resize: str = "dali", epochs: Optional[int] = None, strict: bool = False, augmix: str = "worker",
+             resize: Optional[str] = None, epochs: Optional[int] = None, strict: bool = False, augmix: str = "worker",
              **loader_kw) -> List[Tuple]:
     """Iterate ``epochs`` epochs (plain or autoproxied) over one DataLoader and return the last
     epoch's batches, cloned. Each epoch starts its workers afresh unless the loader keeps them
     (the DataLoader's defaults: forked, not persistent): a worker that inherits state from the
     epoch before fails there. ``strict``: anything off DALI raises (a test that claims a path
-    runs on DALI cannot pass as a run of plain torchvision)."""
+    runs on DALI cannot pass as a run of plain torchvision). ``resize``: None is the product's
+    default (Pillow's arithmetic); "dali" the opt-in."""
     loader_kw.setdefault("batch_size", 8)
     loader_kw.setdefault("num_workers", 2)
     if autoproxy:

@@ -21,11 +21,11 @@ def pil_rgb(path):
         return img
 
 
-def measure(case, api, root, device="cpu", raw=False, resize="dali"):
+def measure(case, api, root, device="cpu", raw=False, resize=None):
     """(status, reason, max abs error, mean abs error, PSNR) of autoproxy against torchvision;
     errors in uint8 levels, or in float units for float output. ``raw``: PIL decodes in the
     worker, so the figure is the transforms' alone (nvJPEG decodes a little differently);
-    ``resize``: the option of that name."""
+    ``resize``: the option of that name (None: the default)."""
     import torchvision
     ds = torchvision.datasets.ImageFolder(root, case.chain(api), loader=pil_rgb) if raw else \
         image_folder(root, case.chain(api))
@@ -50,11 +50,12 @@ def measure(case, api, root, device="cpu", raw=False, resize="dali"):
                 uint8=scale == 255.0)
 
 
-def check(case, m: dict, exact_float=1e-5, mae=0.5, psnr_min=40.0):
-    if case.expect == "exact":
+def check(case, m: dict, exact_float=1e-5, mae=0.5, psnr_min=40.0, resize=None):
+    expect = case.expected(resize)
+    if expect == "exact":
         assert m["status"] == "DALI", m
         assert m["max"] <= (0 if m["uint8"] else exact_float), m
-    elif case.expect == "bound":
+    elif expect == "bound":
         assert m["status"] == "DALI", m
         if m["uint8"]:
             assert m["mean"] <= mae and m["psnr"] >= psnr_min, m
@@ -68,6 +69,13 @@ def check(case, m: dict, exact_float=1e-5, mae=0.5, psnr_min=40.0):
 @pytest.mark.parametrize("case,api", PARAMS)
 def test_transform_against_torchvision(photo_root, case, api):
     check(case, measure(case, api, photo_root))
+
+
+@pytest.mark.parametrize("case,api", [pytest.param(c, api, id=f"{c.name}-{api}")
+                                      for c in CASES if c.dali_resize for api in c.apis])
+def test_the_dali_resize_within_its_bound(photo_root, case, api):
+    """The opt-in resize="dali": DALI's resize where the default runs Pillow's arithmetic."""
+    check(case, measure(case, api, photo_root, resize="dali"), resize="dali")
 
 
 @pytest.mark.parametrize("case,api", PARAMS)

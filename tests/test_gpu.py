@@ -188,6 +188,12 @@ def test_gpu_catalogue_against_torchvision(photo_root, case, api):
         check(case, m)
 
 
+@pytest.mark.parametrize("case,api", [p for p in PARAMS if p.values[0].dali_resize])
+def test_gpu_dali_resize_within_its_bound(photo_root, case, api):
+    """The opt-in resize="dali" on the GPU: DALI's resize within the catalogue's bound."""
+    check(case, measure(case, api, photo_root, device="gpu", raw=True, resize="dali"), resize="dali")
+
+
 @pytest.mark.parametrize("api", ["v1", "v2"])
 def test_torchvisions_tensor_jitter_on_cuda_divides_as_on_the_cpu(api):
     """torchvision's tensor ColorJitter kernels, called on CUDA tensors inside ``cpu_division``,

@@ -21,7 +21,7 @@ DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 GPU_MAE, GPU_PSNR = 1.5, 36.0  # nvJPEG's decode against libjpeg-turbo's (test_gpu.py); the ops are exact
 
 
-TENSOR_RESIZE_LEVELS = 1  # torch's uint8 bilinear resize against Pillow's, which the recording runs
+TENSOR_RESIZE_LEVELS = 0
 
 
 def assert_same_image(a, b, device, scale=255.0, levels=0):
@@ -94,7 +94,7 @@ def assert_same_detection(ref, out, device="cpu", levels=0):
                 assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, k
 
 
-def assert_on_dali_as_plain(ds, device, seed, levels=0, resize="dali"):
+def assert_on_dali_as_plain(ds, device, seed, levels=0, resize=None):
     """One shuffled epoch plain and proxied: targets and images plain's, every image decoded on DALI."""
     kw = dict(collate_fn=collate_fn, batch_size=4, shuffle=True, seed=seed)
     ref = load_all(ds, autoproxy=False, **kw)
