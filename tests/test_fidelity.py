@@ -47,8 +47,8 @@ TRAIN = {
     "v2": lambda: v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.ToImage(),
                               v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]),
     # the classification references' tensor backend (presets.py, backend="tensor"): the resize of a uint8 tensor
-    "v1_tensor": lambda: T.Compose([T.PILToTensor(), T.RandomResizedCrop(224, antialias=True),
-                                    T.RandomHorizontalFlip(), T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)]),
+    "v1_tensor": lambda: T.Compose([T.PILToTensor(), T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip(),
+                                    T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)]),
     "v2_tensor": lambda: v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(224, antialias=True),
                                      v2.RandomHorizontalFlip(), v2.ToDtype(torch.float, scale=True),
                                      v2.Normalize(MEAN, STD)]),
