@@ -171,20 +171,22 @@ def test_rows_located_by_their_codes_are_where_the_keys_are():
         if rng.uniform() < 0.3:
             rows[0, 1:3] = [1.5, 50.25]  # a box: the keys one by one
         for batch in (rows, rows[::-1].copy(), rows[:5]):  # new, then kept
-            got = store.locate_rows(batch)
+            got = store.locate_rows(batch).where
             keys = [(int(a), float(b), float(c), int(d), int(e)) for a, b, c, d, e in batch.tolist()]
             assert (got == store.locate(keys)).all()
 
 
 def test_kept_tables_shared_by_threads_stay_right():
-    """Two loaders' pipeline threads asking one store for new and shared keys at once (and the
-    host tables being cleared under them): every key's table is where the store says."""
+    """Three loaders' pipeline threads asking one store for new and shared keys at once (the host
+    tables cleared under them, the buffers grown and started over past a small limit): every key's
+    table is where the store says, in the buffers it handed over with the offsets."""
     import threading
 
     from dali_autoproxy.backends.torch_stage import kept_tables as K
     from dali_autoproxy.backends.torch_stage import pillow_weights as W
     store = K.KeptTables(torch.device("cpu"))
     store.COMPUTED_ON = ("cpu",)
+    store.LIMIT = 300_000
     errors = []
 
     def ask(seed):
@@ -194,10 +196,11 @@ def test_kept_tables_shared_by_threads_stay_right():
                     zip(rng.integers(1, 400, 16), rng.integers(1, 200, 16), rng.choice([0, 2, 3, 4, 5], 16))]
             if seed == 1:
                 W._KEPT.clear()
-            for key, (f_at, w_at, taps, out) in zip(keys, store.locate(keys).T):
+            tables = store.located(keys)
+            for key, (f_at, w_at, taps, out) in zip(keys, tables.where.T):
                 first, weights = W.axis_weights(*key)
-                if not ((store.first[f_at:f_at + out].numpy() == first).all()
-                        and (store.weights[w_at:w_at + out * taps].numpy() == weights.ravel()).all()):
+                if not ((tables.first[f_at:f_at + out].numpy() == first).all()
+                        and (tables.weights[w_at:w_at + out * taps].numpy() == weights.ravel()).all()):
                     errors.append(key)
     threads = [threading.Thread(target=ask, args=(s,)) for s in (1, 2, 3)]
     for t in threads:

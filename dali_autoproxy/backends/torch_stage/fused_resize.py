@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from dali_autoproxy.backends.torch_stage import pillow_weights as pw
-from dali_autoproxy.backends.torch_stage.kept_tables import KeptTables, kept_tables
+from dali_autoproxy.backends.torch_stage.kept_tables import KeptTables, Located, kept_tables
 from dali_autoproxy.backends.torch_stage.launch_graphs import LaunchGraphs
 from dali_autoproxy.backends.torch_stage.registry import Batch, constant, upload
 from dali_autoproxy.plan.ir import Crop, Flip, Normalize, PillowResize, ToCHW, ToFloat
@@ -243,26 +243,27 @@ def passes(kernel, x: torch.Tensor, v: np.ndarray, boxes: np.ndarray, tail: Tail
     if boxes[:, :2].any() or (boxes[:, 2:] != v[:, 0:2]).any():  # a box inside the image (the user's)
         bt = boxes.T.astype(np.float64)
         keys = np.stack([vt[0:2], bt[0:2], bt[2:4], vt[2:4], np.broadcast_to(vt[4], (2, len(v)))], 2).reshape(-1, 5)
-    block = _table(kept_tables(x.device), vt[0:2], vt[2:4], vt[4], keys, size, start, axes, flips)
+    block, tables = _table(kept_tables(x.device), vt[0:2], vt[2:4], vt[4], keys, size, start, axes, flips)
     hw = size.T if first_axes == (0,) else size[::-1].T  # each sample's (height, width)
     if len(first_axes) == 2:
         hw = np.where(order[:, None], size.T, hw)
-    return _launch(kernel, x, block, first_axes, tail, out_dtype, constants), np.ascontiguousarray(hw)
+    return _launch(kernel, x, block, tables, first_axes, tail, out_dtype, constants), np.ascontiguousarray(hw)
 
 
 def _table(kept: KeptTables, ins: np.ndarray, outs: np.ndarray, kinds: np.ndarray, keys: Optional[np.ndarray],
-           size: np.ndarray, start: Optional[np.ndarray], axes, flips: np.ndarray) -> np.ndarray:
+           size: np.ndarray, start: Optional[np.ndarray], axes, flips: np.ndarray) -> Tuple[np.ndarray, Located]:
     """Both passes' blocks, int64 [2, META + ROWS * B]: room for the addresses and strides
     (``_launch`` writes them), then the rows [ROWS, B], from per-pass [2, B] arrays (first pass,
     second): input and output extents, the extents computed (``size``: the window's, or the
     outputs) and where they start (None: at 0), each pass's image axis (1: the width; a number,
     or one per sample), the second pass's flips [2, B]; the tables' keys as rows
-    (``KeptTables.locate_rows``; None: whole images, located by ``ins``, ``outs``, ``kinds``)."""
+    (``KeptTables.locate_rows``; None: whole images, located by ``ins``, ``outs``, ``kinds``).
+    With the tables' buffers the offsets index."""
     b = ins.shape[1]
     block = np.empty((2, META + ROWS * b), dtype=np.int64)
     t = block[:, META:].reshape(2, ROWS, b)
-    where = kept.locate_whole(ins, outs, kinds) if keys is None else kept.locate_rows(keys).reshape(4, 2, b)
-    t[:, :4] = where.transpose(1, 0, 2)
+    tables = kept.locate_whole(ins, outs, kinds) if keys is None else kept.locate_rows(keys)
+    t[:, :4] = tables.where.reshape(4, 2, b).transpose(1, 0, 2)
     if start is not None:  # the window's first output pixel: an offset into the tables
         t[:, FIRST] += start
         t[:, WEIGHTS] += start * t[:, TAPS]
@@ -273,18 +274,18 @@ def _table(kept: KeptTables, ins: np.ndarray, outs: np.ndarray, kinds: np.ndarra
     t[:, N_IN] = ins
     t[0, FLIP_X:] = 0
     t[1, FLIP_X:] = flips
-    return block
+    return block, tables
 
 
 GRAPHS = LaunchGraphs("exact resize")
 _FLOATS = {torch.uint8: False, torch.float32: True}  # the element types the kernel reads and writes
 
 
-def _launch(kernel, x: torch.Tensor, block: np.ndarray, first_axes: Tuple[int, ...], tail: Tail,
+def _launch(kernel, x: torch.Tensor, block: np.ndarray, tables: Located, first_axes: Tuple[int, ...], tail: Tail,
             out_dtype: torch.dtype, constants: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """The two launches on the blocks of ``_table`` (replayed as a CUDA graph where one was
-    captured for this shape: ``launch_graphs``); ``first_axes``: the image axes the samples'
-    first passes run along (one of them, or both)."""
+    captured for this shape: ``launch_graphs``), reading ``tables``' buffers; ``first_axes``: the
+    image axes the samples' first passes run along (one of them, or both)."""
     b, c, dev = x.shape[0], x.shape[1], x.device
     t = block[:, META:].reshape(2, ROWS, b)
     extents = t[:, N_OUT:N_ACROSS + 1]
@@ -300,11 +301,9 @@ def _launch(kernel, x: torch.Tensor, block: np.ndarray, first_axes: Tuple[int, .
     middle = torch.empty((b, c, *middle_hw), dtype=torch.uint8, device=dev)
     one_size = extents[1].min(1).tolist() == [out2, across2]  # else the padding is zeroed
     out = (torch.empty if one_size else torch.zeros)((b, c, *out_hw), dtype=out_dtype, device=dev)
-    kept = kept_tables(dev)
-    block[0, :META] = (x.data_ptr(), middle.data_ptr(), kept.first.data_ptr(), kept.weights.data_ptr(),
-                       *x.stride(), *middle.stride())
-    block[1, :META] = (middle.data_ptr(), out.data_ptr(), kept.first.data_ptr(), kept.weights.data_ptr(),
-                       *middle.stride(), *out.stride())
+    first, weights = tables.first.data_ptr(), tables.weights.data_ptr()
+    block[0, :META] = (x.data_ptr(), middle.data_ptr(), first, weights, *x.stride(), *middle.stride())
+    block[1, :META] = (middle.data_ptr(), out.data_ptr(), first, weights, *middle.stride(), *out.stride())
     mean_t, std_t = constants
     floats = (_FLOATS[x.dtype], _FLOATS[out_dtype])
 
@@ -318,6 +317,7 @@ def _launch(kernel, x: torch.Tensor, block: np.ndarray, first_axes: Tuple[int, .
 
     _replayed_or_launched(launches, x, block, ((out1, across1), (out2, across2)),
                           ("tables", floats, tail, mean_t.data_ptr(), std_t.data_ptr()))
+    tables.hold()
     return out
 
 

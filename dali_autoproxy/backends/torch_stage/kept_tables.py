@@ -11,7 +11,7 @@ NEAREST (a sequential running sum) are computed on the host (``pillow_weights``)
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -25,10 +25,12 @@ _ON_DEVICE = (pw.BILINEAR, pw.BICUBIC, pw.BOX)
 
 class KeptTables:
     """The tables of one device in two flat int32 buffers (plus one slot past the end that
-    unused entries are scattered to). Past ``LIMIT`` weights the buffers start over (a stream of
-    random boxes cannot grow them without bound). Several loaders' pipeline threads share it:
-    adding is locked, a reader's stream waits for the copies that wrote its tables, and a buffer
-    is regrown or reused only once the device has finished every kernel queued on the old one."""
+    unused entries are scattered to). Past ``LIMIT`` weights the tables start over in new buffers
+    (a stream of random boxes cannot grow them without bound). Several loaders' pipeline threads
+    share it: adding is locked, a reader's stream waits for the copies that wrote its tables, and
+    a reader takes its offsets and the buffers they index together (``Located``): an entry once
+    written is never written again, a buffer grown or started over is a new one, and the reader
+    keeps the old one for its launches (``Located.hold``: not reused before its stream is done)."""
 
     LIMIT = 1 << 26  # int32 weights (256 MB)
     SIBLINGS = 256  # a whole image's tables come with those of every size up to a multiple of this ...
@@ -53,6 +55,10 @@ class KeptTables:
     def locate(self, keys: List[Key]) -> np.ndarray:
         """int64 [4, B]: each key's first-pixel offset, weights offset, taps and output size; the
         current stream made to wait for the copies that wrote them (from any thread)."""
+        return self.located(keys).where
+
+    def located(self, keys: List[Key]) -> "Located":
+        """``locate``'s offsets and the buffers they index, taken together."""
         with self._lock:
             missing = [k for k in dict.fromkeys(keys) if k not in self.where]
             if missing:
@@ -61,25 +67,23 @@ class KeptTables:
                 if self._written is not None:
                     self._written.record(torch.cuda.current_stream(self.device))
             where = np.array([self.where[k] for k in keys], dtype=np.int64).T.copy()
-            if self._written is not None:
-                torch.cuda.current_stream(self.device).wait_event(self._written)
-        return where
+            return self._read(where)
 
-    def locate_rows(self, keys: np.ndarray) -> np.ndarray:
-        """``locate`` of keys given as rows (float64 [N, 5]: input size, box start, box end,
+    def locate_rows(self, keys: np.ndarray) -> "Located":
+        """``located`` of keys given as rows (float64 [N, 5]: input size, box start, box end,
         output size, filter): whole images' (box 0..n) by ``locate_whole``."""
         n, b0, b1, out, kind = keys.T
         if (b0 == 0).all() and (b1 == n).all():
             return self.locate_whole(n.astype(np.int64), out.astype(np.int64), kind.astype(np.int64))
         ints = keys.astype(np.int64)
-        return self.locate(list(zip(ints[:, 0].tolist(), b0.tolist(), b1.tolist(), ints[:, 3].tolist(),
-                                    ints[:, 4].tolist())))
+        return self.located(list(zip(ints[:, 0].tolist(), b0.tolist(), b1.tolist(), ints[:, 3].tolist(),
+                                     ints[:, 4].tolist())))
 
-    def locate_whole(self, n: np.ndarray, out: np.ndarray, kind: np.ndarray) -> np.ndarray:
-        """``locate`` of whole images' keys (box 0..n) given as arrays (input sizes, output sizes
-        and filters, broadcast together: any shape S), int64 [4, *S]. Where every one is kept
-        already, a sorted search of their codes, with no Python per key: a batch's lookup costs
-        the same few numpy calls for 2 keys or 512."""
+    def locate_whole(self, n: np.ndarray, out: np.ndarray, kind: np.ndarray) -> "Located":
+        """``located`` of whole images' keys (box 0..n) given as arrays (input sizes, output
+        sizes and filters, broadcast together: any shape S), offsets int64 [4, *S]. Where every
+        one is kept already, a sorted search of their codes, with no Python per key: a batch's
+        lookup costs the same few numpy calls for 2 keys or 512."""
         if n.max() < _CODE_LIMIT and out.max() < _CODE_LIMIT:
             codes = _code(n, out, kind)
             with self._lock:
@@ -87,13 +91,18 @@ class KeptTables:
                 if len(self._codes):
                     at = np.minimum(np.searchsorted(self._codes, codes), len(self._codes) - 1)
                     if (self._codes[at] == codes).all():
-                        if self._written is not None:
-                            torch.cuda.current_stream(self.device).wait_event(self._written)
-                        return self._code_where[:, at]
+                        return self._read(self._code_where[:, at])
         n, out, kind = np.broadcast_arrays(n, out, kind)
         columns = (a.ravel().tolist() for a in (n, out, kind))
-        where = self.locate([(m, 0.0, float(m), o, k) for m, o, k in zip(*columns)])
-        return where.reshape(4, *n.shape)
+        found = self.located([(m, 0.0, float(m), o, k) for m, o, k in zip(*columns)])
+        return Located(found.where.reshape(4, *n.shape), found.first, found.weights)
+
+    def _read(self, where: np.ndarray) -> "Located":
+        """(Under the lock.) The offsets with today's buffers; the current stream made to wait for
+        the copies that wrote them."""
+        if self._written is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._written)
+        return Located(where, self.first, self.weights)
 
     def _sort_codes(self) -> None:
         if not self._new_codes:
@@ -134,8 +143,8 @@ class KeptTables:
         taps = pw.taps_of(keys)
         outs = np.array([k[3] for k in keys], dtype=np.int64)
         n_first, n_weights = int(outs.sum()), int((outs * taps).sum())
-        if self.n_weights + n_weights > self.LIMIT:
-            self._idle()  # kernels queued on other streams may still read what is overwritten now
+        if self.n_weights + n_weights > self.LIMIT:  # new buffers: launches queued may still read the old ones
+            self.first, self.weights = torch.zeros_like(self.first), torch.zeros_like(self.weights)
             self.where, self.n_first, self.n_weights = {}, 0, 0
             self._codes, self._code_where, self._new_codes = self._codes[:0], self._code_where[:, :0], []
             self._families = set()
@@ -188,17 +197,30 @@ class KeptTables:
         spot = torch.where(valid, w_at.unsqueeze(2) + o.unsqueeze(2) * tp.unsqueeze(2) + k, len(self.weights) - 1)
         self.weights.index_put_((spot.view(-1),), weights.to(torch.int32).view(-1))
 
-    def _room(self, buffer: torch.Tensor, needed: int) -> torch.Tensor:
+    @staticmethod
+    def _room(buffer: torch.Tensor, needed: int) -> torch.Tensor:
+        """``buffer``, or a larger copy (the old one stays with the readers that hold it)."""
         if needed <= len(buffer):
             return buffer
         grown = torch.zeros(max(2 * len(buffer), needed), dtype=buffer.dtype, device=buffer.device)
         grown[:len(buffer) - 1] = buffer[:len(buffer) - 1]
-        self._idle()  # the old buffer is freed: no kernel on another stream may still read it
         return grown
 
-    def _idle(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+
+class Located(NamedTuple):
+    """Tables' offsets (int64 [4, ...]: first-pixel offset, weights offset, taps, output size) and
+    the two buffers they index, as one reader took them."""
+    where: np.ndarray
+    first: torch.Tensor
+    weights: torch.Tensor
+
+    def hold(self, stream: Optional[torch.cuda.Stream] = None) -> None:
+        """The buffers are not reused before ``stream`` (the current one) has run what is queued
+        on it now: the launches that read them, wherever another thread has grown them since."""
+        if self.first.is_cuda:
+            stream = stream or torch.cuda.current_stream(self.first.device)
+            self.first.record_stream(stream)
+            self.weights.record_stream(stream)
 
 
 _CODE_LIMIT = 1 << 20  # sizes below this have a code (input size, output size, filter) as one int64
@@ -210,10 +232,13 @@ def _code(n, out, kind):
 
 
 _KEPT: Dict[str, KeptTables] = {}
+_KEPT_LOCK = threading.Lock()
 
 
 def kept_tables(device: torch.device) -> KeptTables:
+    """The one store of ``device`` in this process (pipeline threads of several loaders share it)."""
     key = str(device)
-    if key not in _KEPT:
-        _KEPT[key] = KeptTables(device)
-    return _KEPT[key]
+    with _KEPT_LOCK:
+        if key not in _KEPT:
+            _KEPT[key] = KeptTables(device)
+        return _KEPT[key]
