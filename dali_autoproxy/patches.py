@@ -61,7 +61,7 @@ def unsupported(module_name: str, version: Optional[str] = None) -> Optional[str
     if version_tuple(version) > newest and module_name not in _warned_untested:
         _warned_untested.add(module_name)
         logging.getLogger("dali_autoproxy").warning(
-            "dali_autoproxy: %s %s is newer than the newest tested, %d.%d; it runs, its internals being where they "
+            "%s %s is newer than the newest tested, %d.%d; it runs, its internals being where they "
             "were: compare with `python -m dali_autoproxy ab`", module_name, version, *newest)
     return None
 

@@ -14,7 +14,7 @@ EPOCHS = 1  # epochs load_all runs unless told: 2 for every test marked gpu (con
 
 def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, fidelity: str = "exact",
              resize: Optional[str] = None, epochs: Optional[int] = None, strict: bool = False, augmix: str = "worker",
-             **loader_kw) -> List[Tuple]:
+             log_level: str = "WARNING", **loader_kw) -> List[Tuple]:
     """Iterate ``epochs`` epochs (plain or autoproxied) over one DataLoader and return the last
     epoch's batches, cloned. Each epoch starts its workers afresh unless the loader keeps them
     (the DataLoader's defaults: forked, not persistent): a worker that inherits state from the
@@ -24,7 +24,7 @@ def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, fi
     loader_kw.setdefault("batch_size", 8)
     loader_kw.setdefault("num_workers", 2)
     if autoproxy:
-        dali_autoproxy.enable(device=device, log_level="WARNING", fidelity=fidelity, resize=resize, strict=strict,
+        dali_autoproxy.enable(device=device, log_level=log_level, fidelity=fidelity, resize=resize, strict=strict,
                               augmix=augmix)
     else:
         dali_autoproxy.disable()

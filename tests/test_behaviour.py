@@ -400,3 +400,74 @@ def test_forked_worker_never_tears_down_inherited_pipelines(tmp_path):
     """))
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.split()[-1] == "8", res.stderr[-2000:]
+
+
+class _BlurWithATensorRadius:
+    """MSN's ``GaussianBlur`` as its ``data_manager.py`` writes it: the radius a tensor, which
+    Pillow refuses (a TypeError, plain torchvision's run too)."""
+
+    def __call__(self, img):
+        from PIL import ImageFilter
+        return img.filter(ImageFilter.GaussianBlur(radius=0.1 + torch.rand(1) * 1.9))
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _log_lines():
+    log, handler = logging.getLogger("dali_autoproxy"), _Collect()
+    log.addHandler(handler)
+    try:
+        yield handler.lines
+    finally:
+        log.removeHandler(handler)
+
+
+def test_a_loader_whose_code_raises_raises_plains_error_and_the_report_says_so(photo_root, capfd):
+    """Plain's error type and message; the log (the workers', on stderr) names the step that needs
+    the real image (not an error of the recording's own), and the report says what the loop got
+    instead of a batch."""
+    ds = image_folder(photo_root, T.Compose([T.RandomResizedCrop(64), _BlurWithATensorRadius(), T.ToTensor()]))
+    errors = []
+    for proxied in (False, True):
+        capfd.readouterr()
+        with pytest.raises(TypeError) as info:
+            load_all(ds, autoproxy=proxied, log_level="INFO")
+        errors.append(str(info.value).strip().splitlines()[-1])
+    assert errors[0] == errors[1] and "2-item sequence" in errors[0], errors
+    text = capfd.readouterr().err
+    assert "needs pixels (Image.filter)" in text and "on a recording image" not in text, text
+    assert "it runs in the worker; it runs in the worker" not in text, text
+    rep = last_report()
+    assert rep["batches"] == 0 and rep["raised"] == errors[1], rep
+    assert "the loop got TypeError" in dali_autoproxy.format_report([rep]), rep
+
+
+def test_the_log_names_the_chain_the_loop_runs(photo_root):
+    """The transform replaced on ``loader.dataset`` after the DataLoader was made (DeiT's
+    3-Augment): one line, at the loop, naming the chain that runs, nothing about the one
+    replaced (nor ImageFolder's wrapper of it), not repeated at the second epoch."""
+    import torchvision
+    dali_autoproxy.enable(device="cpu", log_level="INFO")
+    try:
+        with _log_lines() as lines:
+            ds = torchvision.datasets.ImageFolder(photo_root, T.Compose([T.RandomResizedCrop(64), T.ToTensor(),
+                                                                         T.RandomErasing()]))
+            loader = DataLoaderImportedEarly(ds, batch_size=4, num_workers=2)
+            assert lines == []  # said when the loop starts, about what it runs
+            loader.dataset.transform = T.Compose([T.RandomResizedCrop(64), T.RandomGrayscale(), T.ToTensor()])
+            for _ in range(2):
+                for _batch in loader:
+                    pass
+    finally:
+        dali_autoproxy.disable()
+    said = [line for line in lines if "DataLoader #" in line]
+    assert len(said) == 1 and "RandomResizedCrop -> RandomGrayscale -> ToTensor" in said[0], lines
+    assert not any("RandomErasing" in line or "stays in the worker" in line for line in lines), lines

@@ -82,7 +82,7 @@ class DataLoaderHooks:
                 return
             why = unsupported("torch") or unsupported("torchvision") or unsupported("PIL") or unsupported("timm")
             if why:
-                logger.warning("dali_autoproxy: not enabled: %s", why)
+                logger.warning("not enabled: %s", why)
                 return
             ledger.wrap(module.DataLoader, "__init__", self._on_init)
             ledger.wrap(module.DataLoader, "_get_iterator", self._on_get_iterator)
@@ -101,9 +101,10 @@ class DataLoaderHooks:
             if self.active and not self.proxy:
                 self.state_for(instance).record.update(reason=ARM_A_REASON)
             elif self.active:
-                self.state_for(instance).update(_loader_side().decide(instance, self.options), self.options)
+                self.state_for(instance).update(_loader_side().decide(instance, self.options), self.options,
+                                                announce=False)
         except Exception as exc:  # the shim must never break the user's script; planned again when iterated
-            logger.warning("dali_autoproxy: planning at DataLoader creation failed (%s: %s); the loader is "
+            logger.warning("planning at DataLoader creation failed (%s: %s); the loader is "
                            "planned again when it is iterated", type(exc).__name__, exc)
             logger.debug("the planning traceback", exc_info=True)
         return result

@@ -235,6 +235,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
                 self._self_end_if_a_worker_died()
                 raise
         error, entry = entry.error, None
+        self._self_state.loop_raised(error)
         try:
             raise error
         finally:  # no reference cycle frame -> error -> traceback -> frame: this iterator, and the

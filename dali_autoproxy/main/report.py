@@ -9,7 +9,7 @@ from typing import IO, List, Optional
 from dali_autoproxy.main.hooks import instrumentor
 
 COLUMNS = ("loader", "dataset", "proxied", "device", "decode", "dali_decodes", "dali_transforms",
-           "worker_transforms", "partial", "batches", "samples", "cpu_path_samples", "reason")
+           "worker_transforms", "partial", "batches", "samples", "cpu_path_samples", "reason", "raised")
 COMPACT = ("loader", "dataset", "proxied", "device", "batches", "samples", "decode", "reason")
 WIDTH = 100  # the compact table's cells wrap to stay within this many characters
 
@@ -36,7 +36,12 @@ def format_report(rows: Optional[List[dict]] = None, verbose: bool = False) -> s
             return ", ".join(v) or "-"
         return "-" if v is None else str(v)
     columns = COLUMNS if verbose else COMPACT
-    table = [list(columns)] + [[cell(r.get(c)) for c in columns] for r in rows]
+
+    def value(r: dict, c: str):  # the compact table says in its reason what the loop got instead of a batch
+        if c == "reason" and not verbose and not r.get("reason") and r.get("raised"):
+            return f"the loop got {r['raised']}"
+        return r.get(c)
+    table = [list(columns)] + [[cell(value(r, c)) for c in columns] for r in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
     if not verbose:  # the last two columns (decode, reason) share what the others leave
         fixed = sum(widths[:-2]) + 2 * (len(columns) - 1)

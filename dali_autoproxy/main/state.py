@@ -89,15 +89,18 @@ class LoaderState:
         self.routed = 0  # chain outputs (views) the workers sent as proxies, DALI's or done in the worker
         self.ran_in_worker = 0  # of those, the ones whose whole chain ran in the worker (none reached DALI)
         self.lock = threading.Lock()
-        self._logged: Optional[Tuple[bool, Optional[str]]] = None
+        self._logged: Optional[Tuple[bool, Optional[str], tuple]] = None
         self._announced: set = set()  # the step chains learn() has logged
         weakref.finalize(self, kept_runners.keep, self.idle_runners)  # the loader is gone: keep its pipelines
 
-    def update(self, decision: Decision, options: Options) -> None:
+    def update(self, decision: Decision, options: Options, announce: bool = True) -> None:
+        """The loader's decision, in its report row; ``announce``: logged too (once per decision
+        and chain). The decision at construction is not: the dataset's transform may change before
+        the loop (DeiT's 3-Augment replaces it on ``loader.dataset``), and the log names what runs."""
         rec = self.record
         rec["proxied"], rec["reason"] = decision.proxied, decision.reason
-        if decision.proxied:
-            self.plans.update(decision.plans)
+        if decision.proxied:  # this decision's plans; the workers announce any other chain they call
+            self.plans = dict(decision.plans)
             rec["device"] = decision.device
             rec["output"] = output_device(decision.device, options)
             self._describe_plans()
@@ -105,8 +108,8 @@ class LoaderState:
             rec["device"], rec["output"] = "torchvision", "cpu"
             rec["dali_transforms"], rec["worker_transforms"] = [], decision.worker_transforms
             rec["partial"] = None
-        key = (decision.proxied, decision.reason)
-        if key != self._logged:
+        key = (decision.proxied, decision.reason, tuple(n for n in rec["dali_transforms"] if n != "decode"))
+        if announce and key != self._logged:
             self._logged = key
             if decision.proxied:
                 chain = " -> ".join(rec["dali_transforms"]) or (
@@ -218,6 +221,14 @@ class LoaderState:
             logger.warning("DataLoader #%d (%s): %s; the batches are plain torchvision's", rec["loader"],
                            rec["dataset"], reason)
         rec["proxied"], rec["reason"], rec["dali_transforms"] = False, reason, []
+
+    def loop_raised(self, exc: BaseException) -> None:
+        """The loop got ``exc`` in its batch's place (the dataset's or a transform's error, as
+        plain torchvision raises it): the report says so beside its counts, the first one only."""
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        said = lines[-1].strip() if lines else ""  # a worker's error ends with the original one
+        name = type(exc).__name__
+        self.record.setdefault("raised", said if said.startswith(name) else f"{name}: {said}".rstrip(": "))
 
     def reached_dali(self) -> None:
         """The first batch with samples for DALI, after batches without any."""

@@ -191,7 +191,7 @@ def walk(dataset: Any) -> Found:
             found.joint.append((path, obj))
         if depth >= _MAX_DEPTH:
             continue
-        kids = list(_children(obj))
+        kids = [(step, child) for step, child in _children(obj) if not _left_over(obj, step, child)]
         if path == () or _looks_like_dataset(obj):
             kids += list(_class_functions(type(obj)))
         for step, child in reversed(kids):
@@ -199,6 +199,14 @@ def walk(dataset: Any) -> Found:
     found.chains.reverse()
     found.chains.sort(key=lambda pc: len(pc[0]))
     return found
+
+
+def _left_over(dataset: Any, step: Any, child: Any) -> bool:
+    """torchvision's ``StandardTransform`` a VisionDataset made of the transform it was built with,
+    after ``dataset.transform`` was replaced (DeiT's 3-Augment: ``loader.dataset.transform = ...``):
+    ImageFolder's ``__getitem__`` calls the new one, the wrapper holds the old."""
+    return (step == "transforms" and type(child).__name__ == "StandardTransform"
+            and getattr(child, "transform", None) is not getattr(dataset, "transform", None))
 
 
 def _looks_like_dataset(obj: Any) -> bool:

@@ -137,7 +137,7 @@ def _planning_failed(chain: Any, exc: Exception) -> None:
     what = f"planning {transform_name(chain)} in a worker failed ({type(exc).__name__}: {exc})"
     if SETTINGS["strict"] == "on":
         raise StrictModeError(f"{what} (strict mode)") from exc
-    logger.warning("dali_autoproxy: %s; it runs as plain torchvision", what)
+    logger.warning("%s; it runs as plain torchvision", what)
     logger.debug("the converter's traceback", exc_info=True)
     return None
 
@@ -284,7 +284,7 @@ def _guarded(fetch: Callable[[], Any]) -> Any:
     router.taken, router.passed_over, router.decoded_here = counts  # the failed attempt's calls never happened
     out = fetch()  # what plain raises, it raises here (and nothing is said of the dataset)
     for name in names:  # plain's run worked where the proxied one failed: the dataset read the result
-        logger.warning("dali_autoproxy: the dataset uses the result of %s inside __getitem__; that chain runs as "
+        logger.warning("the dataset uses the result of %s inside __getitem__; that chain runs as "
                        "plain torchvision in this worker", name)
     return out
 

@@ -123,10 +123,10 @@ class CollateInMain:
             self._warned = True
             name = getattr(self.user_collate, "__name__", self.user_collate)
             if qualified_name(self.user_collate) in COLLATES_WITH_EQUIVALENTS:
-                logger.info("dali_autoproxy: collate_fn %s copies the images into a batch: the main process "
+                logger.info("collate_fn %s copies the images into a batch: the main process "
                             "runs its equivalent on DALI's tensors (the images stacked where DALI made them)", name)
                 return
-            logger.info("dali_autoproxy: collate_fn %s needs the images' values (%s); it runs in the main "
+            logger.info("collate_fn %s needs the images' values (%s); it runs in the main "
                         "process on DALI's tensors, under the worker's random states, and what it did "
                         "before that point in the worker happens again there", name, exc)
 

@@ -194,7 +194,7 @@ class JointNode:
             self.call.output = None
             return unflatten(out_spec, out_leaves)
         self.plan, self.plain_reason = None, f"{WHY_RECORDING} ({self.name})"
-        logger.info("dali_autoproxy: %s is planned anew on every sample; it runs in the worker", self.name)
+        logger.info("%s is planned anew on every sample; it runs in the worker", self.name)
         self.why = self.plain_reason
         return NOT_TAKEN
 

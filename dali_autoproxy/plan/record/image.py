@@ -210,7 +210,12 @@ class RecordingImage(Image.Image):
         if kind not in (ImageFilter.GaussianBlur, ImageFilter.BoxBlur):
             raise _needs_pixels()
         radius = filter.radius
-        x, y = (radius, radius) if isinstance(radius, numbers.Real) else tuple(radius)
+        if isinstance(radius, (int, float)):  # as Pillow reads it; anything else goes to Pillow as it is
+            radius = (radius, radius)
+        if not (isinstance(radius, (tuple, list)) and len(radius) == 2
+                and all(isinstance(r, numbers.Real) for r in radius)):
+            raise _needs_pixels()  # what Pillow makes of it (a TypeError for a tensor) on the real image
+        x, y = radius
         if x < 0 or y < 0:
             raise _needs_pixels()
         if (x, y) == (0, 0):

@@ -40,7 +40,7 @@ class Learnt:
             self.set_shape(exc.instance, exc.shape)
         else:
             self.pixel_readers[exc.transform] = str(exc)
-            logger.info("dali_autoproxy: %s; it runs in the worker", exc)
+            logger.info("%s; it runs in the worker, as written", exc)
 
 
 LEARNT = Learnt()

@@ -122,7 +122,7 @@ def copies_hold() -> bool:
     same = same_as_torchvision()
     if not same and not _warned:
         _warned.append(True)
-        logger.warning("dali_autoproxy: this torchvision draws RandomResizedCrop's box or a coin otherwise than "
+        logger.warning("this torchvision draws RandomResizedCrop's box or a coin otherwise than "
                        "the copies made for speed; its own functions make every draw (slower, the same values)")
     return same
 

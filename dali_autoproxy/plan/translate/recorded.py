@@ -287,8 +287,8 @@ def record_step(t: object, state: ChainState, alloc, refused: str = "") -> Step:
         except NeedsPixels as exc:
             raise NeedsPixels(f"{said}needs pixels ({exc.what})", exc.where, transform=kind) from None
         except Exception as exc:  # what it raises on a real image, its plain run raises again
-            raise NeedsPixels(f"{said}raised {type(exc).__name__} on a recording image ({str(exc)[:120]}); on "
-                              "the real image it runs in the worker, as written", transform=kind) from None
+            raise NeedsPixels(f"{said}raised {type(exc).__name__} on a recording image ({str(exc)[:120]})",
+                              transform=kind) from None
         finally:
             recording.active -= 1
         if type(out) is RecordingTensor:
