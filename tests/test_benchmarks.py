@@ -174,7 +174,9 @@ def test_the_timing_window_excludes_the_queued_work():
         loader = torch.utils.data.DataLoader(_Timed(batch * batches, per_sample), batch_size=batch,
                                              num_workers=workers, prefetch_factor=8)
         it = iter(loader)
-        time.sleep(1.5)  # the queue (workers x prefetch_factor = 16 batches) fills before the loop runs
+        deadline = time.monotonic() + 20  # the queue (workers x prefetch_factor = 16 batches) full before the
+        while it._data_queue.qsize() < workers * 8 and time.monotonic() < deadline:  # loop runs, however busy
+            time.sleep(0.05)                                                          # the machine
         n, seconds = consume(it, "cpu", warmup, total)
         del it
         return seconds / (n / batch)
