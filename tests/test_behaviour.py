@@ -430,23 +430,23 @@ def _log_lines():
         log.removeHandler(handler)
 
 
-def test_a_loader_whose_code_raises_raises_plains_error_and_the_report_says_so(photo_root, capfd):
-    """Plain's error type and message; the log (the workers', on stderr) names the step that needs
-    the real image (not an error of the recording's own), and the report says what the loop got
-    instead of a batch."""
+def test_a_loader_whose_code_raises_raises_plains_error_and_the_report_says_so(photo_root):
+    """Plain's error type and message (in the main process: ``num_workers=0``, where the log is
+    read here), the log names the step that needs the real image (not an error of the
+    recording's own), and the report says what the loop got instead of a batch."""
     ds = image_folder(photo_root, T.Compose([T.RandomResizedCrop(64), _BlurWithATensorRadius(), T.ToTensor()]))
     errors = []
     for proxied in (False, True):
-        capfd.readouterr()
-        with pytest.raises(TypeError) as info:
-            load_all(ds, autoproxy=proxied, log_level="INFO")
+        with _log_lines() as lines, pytest.raises(TypeError) as info:
+            load_all(ds, autoproxy=proxied, log_level="INFO", num_workers=0)
         errors.append(str(info.value).strip().splitlines()[-1])
     assert errors[0] == errors[1] and "2-item sequence" in errors[0], errors
-    text = capfd.readouterr().err
+    assert info.value.__context__ is None or "ProxySample" not in str(info.value.__context__), info.value.__context__
+    text = "\n".join(lines)
     assert "needs pixels (Image.filter)" in text and "on a recording image" not in text, text
     assert "it runs in the worker; it runs in the worker" not in text, text
     rep = last_report()
-    assert rep["batches"] == 0 and rep["raised"] == errors[1], rep
+    assert rep["batches"] == 0 and rep["raised"] == f"TypeError: {errors[1]}", rep
     assert "the loop got TypeError" in dali_autoproxy.format_report([rep]), rep
 
 

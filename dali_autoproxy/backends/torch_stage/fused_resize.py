@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from dali_autoproxy.backends.torch_stage import pillow_weights as pw
-from dali_autoproxy.backends.torch_stage.kept_tables import KeptTables, Located, kept_tables
+from dali_autoproxy.backends.torch_stage.kept_tables import Located, kept_tables
 from dali_autoproxy.backends.torch_stage.launch_graphs import LaunchGraphs
 from dali_autoproxy.backends.torch_stage.registry import Batch, constant, upload
 from dali_autoproxy.plan.ir import Crop, Flip, Normalize, PillowResize, ToCHW, ToFloat
@@ -243,27 +243,27 @@ def passes(kernel, x: torch.Tensor, v: np.ndarray, boxes: np.ndarray, tail: Tail
     if boxes[:, :2].any() or (boxes[:, 2:] != v[:, 0:2]).any():  # a box inside the image (the user's)
         bt = boxes.T.astype(np.float64)
         keys = np.stack([vt[0:2], bt[0:2], bt[2:4], vt[2:4], np.broadcast_to(vt[4], (2, len(v)))], 2).reshape(-1, 5)
-    block, tables = _table(kept_tables(x.device), vt[0:2], vt[2:4], vt[4], keys, size, start, axes, flips)
+    kept = kept_tables(x.device)
+    tables = kept.locate_whole(vt[0:2], vt[2:4], vt[4]) if keys is None else kept.locate_rows(keys)
+    block = pass_blocks(tables.where, vt[0:2], size, start, axes, flips)
     hw = size.T if first_axes == (0,) else size[::-1].T  # each sample's (height, width)
     if len(first_axes) == 2:
         hw = np.where(order[:, None], size.T, hw)
-    return _launch(kernel, x, block, tables, first_axes, tail, out_dtype, constants), np.ascontiguousarray(hw)
+    return launch(kernel, x, block, tables, first_axes, tail, out_dtype, constants), np.ascontiguousarray(hw)
 
 
-def _table(kept: KeptTables, ins: np.ndarray, outs: np.ndarray, kinds: np.ndarray, keys: Optional[np.ndarray],
-           size: np.ndarray, start: Optional[np.ndarray], axes, flips: np.ndarray) -> Tuple[np.ndarray, Located]:
+def pass_blocks(where: np.ndarray, ins: np.ndarray, size: np.ndarray, start: Optional[np.ndarray], axes,
+                flips: np.ndarray) -> np.ndarray:
     """Both passes' blocks, int64 [2, META + ROWS * B]: room for the addresses and strides
-    (``_launch`` writes them), then the rows [ROWS, B], from per-pass [2, B] arrays (first pass,
-    second): input and output extents, the extents computed (``size``: the window's, or the
-    outputs) and where they start (None: at 0), each pass's image axis (1: the width; a number,
-    or one per sample), the second pass's flips [2, B]; the tables' keys as rows
-    (``KeptTables.locate_rows``; None: whole images, located by ``ins``, ``outs``, ``kinds``).
-    With the tables' buffers the offsets index."""
+    (``launch`` writes them), then the rows [ROWS, B], from per-pass [2, B] arrays (first pass,
+    second): the tables' offsets, taps and output sizes (``where``: [4, 2 * B] or [4, 2, B], as
+    ``KeptTables`` locates them), input extents, the extents computed (``size``: the window's, or
+    the outputs) and where they start (None: at 0), each pass's image axis (1: the width; a
+    number, or one per sample), the second pass's flips [2, B]."""
     b = ins.shape[1]
     block = np.empty((2, META + ROWS * b), dtype=np.int64)
     t = block[:, META:].reshape(2, ROWS, b)
-    tables = kept.locate_whole(ins, outs, kinds) if keys is None else kept.locate_rows(keys)
-    t[:, :4] = tables.where.reshape(4, 2, b).transpose(1, 0, 2)
+    t[:, :4] = where.reshape(4, 2, b).transpose(1, 0, 2)
     if start is not None:  # the window's first output pixel: an offset into the tables
         t[:, FIRST] += start
         t[:, WEIGHTS] += start * t[:, TAPS]
@@ -274,16 +274,25 @@ def _table(kept: KeptTables, ins: np.ndarray, outs: np.ndarray, kinds: np.ndarra
     t[:, N_IN] = ins
     t[0, FLIP_X:] = 0
     t[1, FLIP_X:] = flips
-    return block, tables
+    return block
+
+
+def with_tables(kernel, x: torch.Tensor, tables: Located, ins: np.ndarray, size: np.ndarray) -> torch.Tensor:
+    """Both passes, the width first, from tables a caller made in Pillow's form (int32 weights
+    at 22 bits, ``tables.where`` [4, 2, B] into its own buffers), nothing after: float32 whole
+    numbers [B, C, height, width]. ``ins`` and ``size``: each pass's input and output extents [2, B]."""
+    block = pass_blocks(tables.where, ins, size, None, _WIDTH_FIRST, np.zeros((2, ins.shape[1]), dtype=np.int64))
+    return launch(kernel, x, block, tables, (1,), NO_TAIL, torch.float32,
+                  _normalize_constants(NO_TAIL, x.shape[1], x.device))
 
 
 GRAPHS = LaunchGraphs("exact resize")
 _FLOATS = {torch.uint8: False, torch.float32: True}  # the element types the kernel reads and writes
 
 
-def _launch(kernel, x: torch.Tensor, block: np.ndarray, tables: Located, first_axes: Tuple[int, ...], tail: Tail,
-            out_dtype: torch.dtype, constants: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The two launches on the blocks of ``_table`` (replayed as a CUDA graph where one was
+def launch(kernel, x: torch.Tensor, block: np.ndarray, tables: Located, first_axes: Tuple[int, ...], tail: Tail,
+           out_dtype: torch.dtype, constants: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The two launches on the blocks of ``pass_blocks`` (replayed as a CUDA graph where one was
     captured for this shape: ``launch_graphs``), reading ``tables``' buffers; ``first_axes``: the
     image axes the samples' first passes run along (one of them, or both)."""
     b, c, dev = x.shape[0], x.shape[1], x.device

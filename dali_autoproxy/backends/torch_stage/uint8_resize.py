@@ -8,8 +8,11 @@ does (antialiased: the filter's support scaled; not: torch's own source index an
 scales them to int16 at the largest precision under which the axis's largest weight fits, and
 runs the width pass, then the height pass, each an integer sum from half a unit, shifted down
 and clamped to 0..255. Here the weights are computed the same way on the host (one axis's table
-per size pair, kept) and the sums are int32 torch ops: the same values on the CPU and on a GPU.
-tests/test_tensor_resize.py compares them with torchvision's CPU kernel, every value.
+per size pair, kept); where Triton runs, the sums are those of the exact resize's kernel
+(``fused_resize``, Pillow's form: a weight of b bits times 2 ** (22 - b), so that
+(S * 2 ** (22 - b) + 2 ** 21) >> 22 is (S + 2 ** (b - 1)) >> b), elsewhere int32 torch ops: the
+same values on the CPU and on a GPU. tests/test_tensor_resize.py compares them with torchvision's
+CPU kernel, every value.
 """
 from __future__ import annotations
 
@@ -20,6 +23,9 @@ from typing import Callable, List, Tuple
 import numpy as np
 import torch
 
+from dali_autoproxy.backends.torch_stage import fused_color, fused_resize
+from dali_autoproxy.backends.torch_stage.kept_tables import Located
+from dali_autoproxy.backends.torch_stage.pillow_weights import PRECISION_BITS
 from dali_autoproxy.backends.torch_stage.registry import upload
 
 NATIVE_MODES = ("bilinear", "bicubic")
@@ -157,9 +163,49 @@ def resize(images: torch.Tensor, in_hw: np.ndarray, size: List[int], interpolati
     """Images holding whole numbers 0..255 ([B, C, H, W], any dtype), each sample its own
     (height, width) ``in_hw`` in the top-left corner, to one ``size``, as torchvision v2 gives
     them on a CPU that resizes uint8 natively: the width pass, then the height pass (an axis of
-    the same size comes through unchanged, as torch skips it). int32 [B, C, *size]."""
-    height, width = size
+    the same size comes through unchanged, as torch skips it). [B, C, *size], whole numbers."""
     in_hw = np.asarray(in_hw, dtype=np.int64).reshape(-1, 2)
+    if images.dtype in (torch.uint8, torch.float32) and fused_color.usable(images):
+        try:
+            from dali_autoproxy.backends.torch_stage import _triton_resample
+            return _by_kernel(_triton_resample.resample_pass, images, in_hw, size, interpolation, antialias)
+        except Exception as e:  # a build or launch failure must not stop training: the torch ops serve
+            fused_color.disable(f"the Triton resample kernel failed ({type(e).__name__}: {e})")
+    return _by_torch_ops(images, in_hw, size, interpolation, antialias)
+
+
+def _by_kernel(kernel, images: torch.Tensor, in_hw: np.ndarray, size: List[int], interpolation: str,
+               antialias: bool) -> torch.Tensor:
+    """The batch's axis tables (each size pair once, in Pillow's 22-bit form) in two buffers, and
+    the exact resize's two passes on them."""
+    height, width = size
+    b = len(in_hw)
+    ins = np.stack([in_hw[:, 1], in_hw[:, 0]])  # the width pass, then the height pass
+    where = np.empty((4, 2, b), dtype=np.int64)
+    placed: dict = {}
+    firsts: List[np.ndarray] = []
+    weights: List[np.ndarray] = []
+    n_first = n_weights = 0
+    for p, n_out in enumerate((width, height)):
+        for i, n in enumerate(ins[p].tolist()):
+            key = (n, n_out)
+            if key not in placed:
+                first, w, bits = axis_table(n, n_out, interpolation, antialias)
+                placed[key] = (n_first, n_weights, w.shape[1], n_out)
+                firsts.append(first)
+                weights.append((w.astype(np.int64) << (PRECISION_BITS - bits)).ravel())
+                n_first, n_weights = n_first + n_out, n_weights + w.size
+            where[:, p, i] = placed[key]
+    tables = Located(where, upload(np.concatenate(firsts + [[0]]).astype(np.int32), images.device),
+                     upload(np.concatenate(weights + [[0]]).astype(np.int32), images.device))
+    size_rows = np.array([[width] * b, [height] * b], dtype=np.int64)
+    return fused_resize.with_tables(kernel, images, tables, ins, size_rows)
+
+
+def _by_torch_ops(images: torch.Tensor, in_hw: np.ndarray, size: List[int], interpolation: str,
+                  antialias: bool) -> torch.Tensor:
+    """``resize`` by int32 torch ops (gather, multiply, sum), in chunks of samples."""
+    height, width = size
     per_sample = images.shape[1] * int(in_hw[:, 0].max()) * width * (int(math.ceil(in_hw[:, 1].max() / width)) * 4 + 5)
     step = max(1, _GATHER_LIMIT // max(per_sample, 1))
     out = []
