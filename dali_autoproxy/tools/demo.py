@@ -44,8 +44,8 @@ DEMO_SCRIPT = textwrap.dedent('''
 # without one, DALI's CPU backend shows the path works, not its speed, so small
 GPU_SIZE = (8192, 40, 12.0)
 CPU_SIZE = (512, 2, None)
-MEASURED = ("on an H200 with 8 workers the train chain ran at 23,045 images/s with autoproxy against 1,483 "
-            "for plain torchvision, in steady state (the README's table, benchmarks/results/train_workers_h200.md)")
+MEASURED = ("on an H100 with 8 workers the train chain ran at 17,579 images/s with autoproxy against 1,406 "
+            "for plain torchvision, in steady state (the README's table, benchmarks/results/train_workers_h100.md)")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
