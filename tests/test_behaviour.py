@@ -1,6 +1,7 @@
 """Loader behaviour with autoproxy: patching, DataLoader options, fallbacks, report."""
 import contextlib
 import logging
+import multiprocessing
 import pickle
 import subprocess
 import sys
@@ -234,6 +235,21 @@ def test_fallback_when_setup_fails(photo_root, monkeypatch):
         raise RuntimeError("simulated pipeline build failure")
     monkeypatch.setattr(pipeline.DaliRunner, "_build", broken)
     _fallback_case(image_folder(photo_root, EVAL()), "set-up failed")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_failed_build_while_workers_start_falls_back_with_plains_draws(photo_root, monkeypatch, workers):
+    """The first pipeline builds while the workers start; where it fails they are stopped and
+    plain ones started from the same generator states: a shuffled, randomly cropped epoch equals
+    plain's, batch for batch, and nothing is left running."""
+    from dali_autoproxy.backends.dali import runner as pipeline
+
+    def broken(*a, **k):
+        raise RuntimeError("simulated pipeline build failure")
+    monkeypatch.setattr(pipeline.DaliRunner, "_build", broken)
+    tf = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ToTensor()])
+    _fallback_case(image_folder(photo_root, tf), "set-up failed", shuffle=True, num_workers=workers)
+    assert not multiprocessing.active_children()
 
 
 def test_fallback_without_dali_installed(photo_root, tmp_path):

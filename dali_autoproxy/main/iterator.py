@@ -26,7 +26,7 @@ from dali_autoproxy.main.cpu_fallback import replay_group
 from dali_autoproxy.main.decision import Decision, chain_names, decide, max_batch_size
 from dali_autoproxy.main.errors import raised_here, without_frames
 from dali_autoproxy.main.runs import Part, RunQueue, batches_per_run, runs_behind
-from dali_autoproxy.main.state import LoaderState, RunnerKey, output_device
+from dali_autoproxy.main.state import GeneratorStates, LoaderState, RunnerKey, output_device
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.transport import (
     ENCODED,
@@ -70,10 +70,11 @@ class CountedIterator(wrapt.ObjectProxy):
 
 def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Options) -> Any:
     """The DataLoader's ``_get_iterator``, proxied when the decision says so. One DALI pipeline is
-    built before any worker starts, so a DALI that cannot build one is a clean fallback; the
+    built before the first batch is asked for, so a DALI that cannot build one is a clean fallback:
+    with workers, while they start (a failed build stops them, rewinds the generators their start
+    drew from and starts plain ones: plain's draws), at ``num_workers=0`` before the loop. The
     others come with their first batch (a multi-view recipe's views run as one pipeline that
-    decodes each image once, and pipelines of their plans alone would never run: each build
-    costs the first batch its time and holds device memory)."""
+    decodes each image once; each build costs the first batch its time and holds device memory)."""
     try:
         decision = decide(loader, options)
         state.update(decision, options)
@@ -81,21 +82,12 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
             if options.strict == "on":
                 state.check_strict()
             return CountedIterator(wrapped(), state.record, loader._auto_collation)
-        capacity = run_capacity(loader, options, decision.device)
-        for plan in list(decision.plans.values())[:1]:
-            kind = RAW if plan.worker_prefix else ENCODED
-            runner = state.take_runner(plan.key, kind, capacity, decision.device, options.lookahead,
-                                       options.hw_decoder_load)
-            state.give_back({(plan.key, kind): runner})
+        if loader.num_workers == 0:
+            build_first_pipeline(loader, state, decision, options)
     except StrictModeError:
         raise
     except Exception as exc:
-        state.update(Decision(False, f"set-up failed ({exc.__class__.__name__}: {exc})",
-                              worker_transforms=chain_names(loader.dataset)), options)
-        logger.debug("set-up failed", exc_info=True)
-        if options.strict == "on":
-            state.check_strict()
-        return CountedIterator(wrapped(), state.record, loader._auto_collation)
+        return _fall_back(wrapped, loader, state, options, exc)
     user_init, user_collate = loader.worker_init_fn, loader.collate_fn
     # the workers collate proxies; a user's collate runs here, on DALI's tensors
     loader.collate_fn = CollateInMain(decision.collate) if decision.collate is not None else DefaultCollate()
@@ -103,11 +95,40 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
         loader.worker_init_fn = WorkerInstaller(set(decision.plans), decision.chain_classes, user_init, SETTINGS)
     else:
         patch(decision.chain_classes)
+    generators = GeneratorStates(loader)
     try:
         inner = wrapped()
     finally:
         loader.worker_init_fn, loader.collate_fn = user_init, user_collate
+    if loader.num_workers > 0:
+        try:
+            build_first_pipeline(loader, state, decision, options)
+        except Exception as exc:
+            inner._shutdown_workers()
+            generators.restore()
+            return _fall_back(wrapped, loader, state, options, exc)
     return ProxiedIterator(inner, loader, state, decision, options)
+
+
+def build_first_pipeline(loader: Any, state: LoaderState, decision: Decision, options: Options) -> None:
+    """Build (or take from the process's kept ones) the pipeline of the loader's first plan and
+    leave it idle in the loader's pool, where its iterator takes it."""
+    capacity = run_capacity(loader, options, decision.device)
+    for plan in list(decision.plans.values())[:1]:
+        kind = RAW if plan.worker_prefix else ENCODED
+        runner = state.take_runner(plan.key, kind, capacity, decision.device, options.lookahead,
+                                   options.hw_decoder_load)
+        state.give_back({(plan.key, kind): runner})
+
+
+def _fall_back(wrapped: Any, loader: Any, state: LoaderState, options: Options, exc: Exception) -> Any:
+    """Plain torchvision's iterator, counted, with the set-up's failure as the reason."""
+    state.update(Decision(False, f"set-up failed ({exc.__class__.__name__}: {exc})",
+                          worker_transforms=chain_names(loader.dataset)), options)
+    logger.debug("set-up failed", exc_info=True)
+    if options.strict == "on":
+        state.check_strict()
+    return CountedIterator(wrapped(), state.record, loader._auto_collation)
 
 
 def run_capacity(loader: Any, options: Options, device: str) -> int:

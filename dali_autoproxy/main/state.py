@@ -280,6 +280,24 @@ class LoaderState:
             runner.close()
 
 
+class GeneratorStates:
+    """The generators an iterator's start draws from (the workers' base seed, the sampler's
+    shuffle): torch's default one, the loader's and its samplers' own; ``restore()`` rewinds them."""
+
+    def __init__(self, loader: Any) -> None:
+        owners = [loader, getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None),
+                  getattr(getattr(loader, "batch_sampler", None), "sampler", None)]
+        generators = {id(g): g for g in (getattr(o, "generator", None) for o in owners)
+                      if isinstance(g, torch.Generator)}
+        self.default = torch.get_rng_state()
+        self.own = [(g, g.get_state()) for g in generators.values()]
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.default)
+        for generator, saved in self.own:
+            generator.set_state(saved)
+
+
 def output_device(device: str, options: Options) -> str:
     if device == "gpu" and options.output == "auto":
         return f"cuda:{torch.cuda.current_device()}"
