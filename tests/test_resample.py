@@ -406,6 +406,44 @@ def test_triton_kernel_on_the_gpu_equals_pillow():
         DEVICE = "cpu"
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_first_batch_does_not_wait_for_the_compiler(device):
+    """The product's stages compile their Triton kernels behind the first batch: on a GPU the
+    first call starts a thread that launches them on a copy, and the batches take the torch ops
+    until it ends, then the kernels. Every batch equals the torch ops' result on the CPU, before
+    and after; no kernel failed. On the CPU backend (no Triton there) nothing is started."""
+    from dali_autoproxy.backends.torch_stage import TorchStage, fused_color
+    from dali_autoproxy.plan.ir import split_at_takeover
+    from dali_autoproxy.plan.planning import build_plan
+    from dali_autoproxy.plan.settings import SETTINGS
+    SETTINGS["resize"] = "pillow"
+    try:
+        plan = build_plan(STAGE_CHAINS["colour after"]())
+    finally:
+        SETTINGS["resize"] = "dali"
+    ops = split_at_takeover(plan.ops)[1]
+    torch.manual_seed(3)
+    photo = photographs()[0]
+    batches = []
+    for k in range(4):
+        params = np.array([plan.draw(120, 160) for _ in range(6)])
+        x = torch.from_numpy(np.ascontiguousarray(photo[:120, :160])).unsqueeze(0).repeat(6, 1, 1, 1)
+        batches.append((x.roll(k, dims=2), params))
+    want = [TorchStage(ops)(x, params) for x, params in batches]
+    stage = TorchStage(ops, compile_behind=True)
+    got = [stage(batches[0][0].to(device), batches[0][1])]
+    if device == "cpu":
+        assert stage.compiling is None
+    else:
+        assert stage.compiling is not None and stage.compiling.name == "dali_autoproxy-triton-compile"
+        got.append(stage(batches[1][0].to(device), batches[1][1]))  # the torch ops, or the kernels if compiled
+        stage.compiling.join(120)
+        assert not stage.compiling.is_alive() and fused_color._STATE["usable"] is True
+    got += [stage(x.to(device), params) for x, params in batches[len(got):]]
+    for a, b in zip(want, got):
+        assert torch.equal(a, b.cpu())
+
+
 @pytest.mark.gpu
 def test_graphs_shared_by_threads_stay_right(monkeypatch):
     """Three pipeline threads, each on its own stream, resizing batches of the same shapes at

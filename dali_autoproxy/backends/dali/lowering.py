@@ -79,7 +79,7 @@ class Lowering:
         self.input_kind = input_kind  # "encoded" (JPEG bytes) or "raw" (HWC uint8 pixels)
         self.feeds: List[Tuple[str, int, int, object]] = []  # (name, column, width, numpy dtype)
         self.ops, torch_ops = split_at_takeover(plan.ops, plan.any_size)
-        self.torch_stage = TorchStage(torch_ops) if torch_ops else None
+        self.torch_stage = TorchStage(torch_ops, compile_behind=True) if torch_ops else None
         # what the DALI part hands over: the plan's output, or uint8 HWC pixels for the torch stage
         channels = 3
         for op in self.ops:

@@ -12,6 +12,11 @@ arithmetic (exact), torchvision's own kernels for blur, tensor jitter and normal
 per-sample params from the worker. The stage runs on the pipeline's own thread
 (``pipeline.DaliRunner``), right after DALI's output for the batch.
 
+A GPU stage's Triton kernels compile on their first launch (a second or more on a machine whose
+Triton cache is empty). So a stage's first batch starts a thread that runs a copy of it through
+the Triton kernels, for their compiles alone, and the stage's batches take the torch ops (the same
+values) until that thread ends: the first batch does not wait for the compiler.
+
 One module per family registers a kernel per IR op type in ``TORCH_KERNELS``; which ops come
 here is the ops' ``placement`` (``ir.split_at_takeover``).
 """
@@ -19,11 +24,13 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import List, Sequence, Union
+import threading
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
+from dali_autoproxy.backends.torch_stage import fused_color
 from dali_autoproxy.backends.torch_stage.color import hue_tables
 from dali_autoproxy.backends.torch_stage.geometry import perspective, warp
 from dali_autoproxy.backends.torch_stage.policies import augment
@@ -55,19 +62,31 @@ class TorchStage:
     batch through the kernels that take any size (``ragged``: resizes, crops) and is split into
     samples before any other kernel, which needs one size."""
 
-    def __init__(self, ops: Sequence[object]):
+    def __init__(self, ops: Sequence[object], compile_behind: bool = False):
         self.ops = list(ops)
+        # ``compile_behind``: the first batch's Triton kernels compile in a thread (``compiling``)
+        # while the batches take the torch ops; off, the batches' launches compile them
+        self.compiling: Optional[threading.Thread] = None
+        self.compile_behind = compile_behind
         self.kernels = [TORCH_KERNELS[op] for op in self.ops]
         self.pairs = {k: FUSED_PAIRS[pair] for k, pair in enumerate(zip(map(type, self.ops), map(type, self.ops[1:])))
                       if pair in FUSED_PAIRS}  # op k and k + 1 in one kernel where the batch allows
         self.prepared: dict = {}  # what the kernels prepare once for this stage (Batch.prepared)
 
     def __call__(self, out: Union[torch.Tensor, List[torch.Tensor]], params) -> Union[torch.Tensor, List[torch.Tensor]]:
+        if self.compiling is None and self.compile_behind and fused_color.usable(_first(out)):
+            self.compiling = _compile_behind(self.ops, out, params)
+        if self.compiling is not None and self.compiling.is_alive():
+            with fused_color.torch_ops_only():
+                return self._call(out, params)
+        return self._call(out, params)
+
+    def _call(self, out: Union[torch.Tensor, List[torch.Tensor]], params) -> Union[torch.Tensor, List[torch.Tensor]]:
         host = np.asarray(params)
         sizes = None
         if isinstance(out, list):  # sizes differ
             if not (self.ops and self.ops[0].ragged):  # one sample at a time
-                return [self(o.unsqueeze(0), params[k:k + 1]).squeeze(0) for k, o in enumerate(out)]
+                return [self._call(o.unsqueeze(0), params[k:k + 1]).squeeze(0) for k, o in enumerate(out)]
             out, sizes = _padded(out)  # one batch, each sample in its top-left corner
         batch = Batch(host, device=out.device, prepared=self.prepared)
         batch.sizes = sizes
@@ -107,6 +126,35 @@ class TorchStage:
     @staticmethod
     def _finish(x: torch.Tensor, batch: Batch) -> torch.Tensor:
         return x.to(torch.uint8).contiguous() if batch.integer else x.contiguous()
+
+
+def _first(out: Union[torch.Tensor, List[torch.Tensor]]) -> torch.Tensor:
+    return out[0] if isinstance(out, list) else out
+
+
+def _compile_behind(ops: Sequence[object], out: Union[torch.Tensor, List[torch.Tensor]], params) -> threading.Thread:
+    """A thread running a copy of this batch through a stage of the same ops on its own stream,
+    for the Triton compiles its launches make; its result is dropped. A failure there is a kernel
+    that does not build: the torch ops serve from then on (``fused_color.disable``)."""
+    copy = [o.clone() for o in out] if isinstance(out, list) else out.clone()
+    copied = torch.cuda.Event()
+    copied.record()
+    device = _first(out).device
+
+    def compile_all() -> None:
+        try:
+            with torch.cuda.device(device):
+                stream = torch.cuda.Stream()
+                with torch.cuda.stream(stream):
+                    stream.wait_event(copied)
+                    TorchStage(ops)(copy, params)
+                stream.synchronize()
+        except Exception as e:  # noqa: BLE001 - the batches go on with the torch ops
+            fused_color.disable(f"compiling the torch stage's Triton kernels failed ({type(e).__name__}: {e})")
+
+    thread = threading.Thread(target=compile_all, name="dali_autoproxy-triton-compile", daemon=True)
+    thread.start()
+    return thread
 
 
 __all__ = ["TORCH_KERNELS", "TorchStage", "augment", "warp", "perspective", "tensor_color_jitter", "hue_tables"]

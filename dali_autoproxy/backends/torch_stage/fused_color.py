@@ -15,6 +15,7 @@ Where Triton is missing or a kernel fails to build, the torch ops run instead (l
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import threading
@@ -32,18 +33,30 @@ _STATE = {"usable": None}  # None: not tried yet; then True/False
 _KERNELS = None  # the module of Triton kernels, once imported
 _AUGMENT: list = [None]  # the policy kernel's module, loaded with them
 _SET_UP = {"started": False}  # Triton's once-per-process set-up, begun in the background
+_THREAD = threading.local()  # .torch_ops: this thread's batches take the torch ops (torch_ops_only)
 # where Triton keeps the key of its own sources (the first compile of a process hashes them all)
 _TRITON_KEY_HOMES = ("triton.runtime.cache", "triton.compiler.compiler")
 
 
 def usable(x: torch.Tensor) -> bool:
     """Whether the fused kernels serve this batch: a CUDA tensor, Triton importable and not
-    switched off, and no earlier failure to build."""
-    if not x.is_cuda or _STATE["usable"] is False:
+    switched off, no earlier failure to build, and not in ``torch_ops_only``."""
+    if not x.is_cuda or _STATE["usable"] is False or getattr(_THREAD, "torch_ops", False):
         return False
     if _STATE["usable"] is None:
         _STATE["usable"] = load() is not None
     return bool(_STATE["usable"])
+
+
+@contextlib.contextmanager
+def torch_ops_only():
+    """This thread's batches take the torch ops (the same values) while it is open: a stage's
+    batches while its kernels compile elsewhere (``TorchStage``)."""
+    _THREAD.torch_ops = True
+    try:
+        yield
+    finally:
+        _THREAD.torch_ops = False
 
 
 def load():
