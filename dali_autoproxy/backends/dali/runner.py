@@ -7,18 +7,20 @@ goes (``close()``); a forked worker never tears down a pipeline it inherited.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import os
 import queue
 import threading
+import time
 import weakref
 from typing import List, Optional, Sequence, Union
 
 import torch
 from torch.cuda import nvtx
 
-from dali_autoproxy.backends import fork_guard
+from dali_autoproxy.backends import fork_guard, torch_stage
 from dali_autoproxy.backends.dali import PipelineError
 from dali_autoproxy.backends.dali.lowering import Lowering, shared_graph
 from dali_autoproxy.backends.torch_stage import TorchStage, fused_color
@@ -30,7 +32,23 @@ from dali_autoproxy.transport import ENCODED, SHARED, ProxyGroup, SharedGroup
 STALL_LIMIT_S = 600.0  # no output for this long (or the loader's timeout=) means DALI is stuck
 CLOSE_WAIT_S = 10.0  # a pipeline's thread gets this long to finish its batch when the pipeline goes
 
+EXIT_WAIT_S = 5.0  # at interpreter exit, how long the pipelines' threads get to stop, in all
 _live_pipelines: "weakref.WeakSet" = weakref.WeakSet()  # DALI's cached memory goes with the last
+_live_runners: "weakref.WeakSet" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """A script may end with a loader mid-epoch (a ``break``, an exception). The interpreter then
+    ends daemon threads still inside C++ (DALI's outputs, CUDA calls) by unwinding them, which
+    C++ that catches everything turns into an abort: exit status 134 after the script's work was
+    done. So each pipeline thread is told to stop, what it has queued is cancelled, and it gets a
+    bounded time to leave the call it is in; then the torch stages' compiling threads."""
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for runner in list(_live_runners):
+        if runner.pid == os.getpid():  # not a forked process's copy (its thread is not there)
+            runner._stop_thread(wait=max(0.0, deadline - time.monotonic()))
+    torch_stage.stop_compiling(max(0.0, deadline - time.monotonic()))
 
 
 class _Batch:
@@ -266,6 +284,8 @@ class DaliRunner:
         self._thread: Optional[_PipelineThread] = None
         self._pipe: Optional["weakref.ref"] = None
         fork_guard.keep(self)  # a forked worker never tears down a pipeline it inherited
+        self.pid = os.getpid()
+        _live_runners.add(self)
         self._build()
 
     def _build(self) -> None:

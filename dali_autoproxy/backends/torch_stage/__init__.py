@@ -25,6 +25,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import threading
+import time
+import weakref
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
@@ -154,7 +156,19 @@ def _compile_behind(ops: Sequence[object], out: Union[torch.Tensor, List[torch.T
 
     thread = threading.Thread(target=compile_all, name="dali_autoproxy-triton-compile", daemon=True)
     thread.start()
+    _COMPILING.add(thread)
     return thread
+
+
+_COMPILING: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+def stop_compiling(wait: float) -> None:
+    """Wait up to ``wait`` seconds in all for the compiling threads (interpreter exit: a thread
+    left inside Triton's compiler is unwound there, which can abort the process)."""
+    deadline = time.monotonic() + wait
+    for thread in list(_COMPILING):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 __all__ = ["TORCH_KERNELS", "TorchStage", "augment", "warp", "perspective", "tensor_color_jitter", "hue_tables"]
