@@ -23,7 +23,7 @@ from torch.cuda import nvtx
 from dali_autoproxy.backends import fork_guard, torch_stage
 from dali_autoproxy.backends.dali import PipelineError
 from dali_autoproxy.backends.dali.lowering import Lowering, shared_graph
-from dali_autoproxy.backends.torch_stage import TorchStage, fused_color
+from dali_autoproxy.backends.torch_stage import TorchStage
 from dali_autoproxy.backends.torch_stage.tensor_policies import release_grids
 from dali_autoproxy.config import Options
 from dali_autoproxy.plan.planning import Plan
@@ -296,7 +296,7 @@ class DaliRunner:
                           for k, plan in enumerate(self.plans)]
         self.lowering = self.lowerings[0]
         if self.device == "gpu" and any(lw.torch_stage is not None for lw in self.lowerings):
-            fused_color.set_up_in_background(self.device_id)
+            torch_stage.set_up_in_background(self.device_id)
         pipe = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
                         device_id=self.device_id if self.device == "gpu" else None,
                         prefetch_queue_depth=self.prefetch, exec_dynamic=True)

@@ -32,7 +32,7 @@ from typing import List, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from dali_autoproxy.backends.torch_stage import fused_color
+from dali_autoproxy.backends.torch_stage import fused_color, pillow_weights, resample
 from dali_autoproxy.backends.torch_stage.color import hue_tables
 from dali_autoproxy.backends.torch_stage.geometry import perspective, warp
 from dali_autoproxy.backends.torch_stage.policies import augment
@@ -128,6 +128,31 @@ class TorchStage:
     @staticmethod
     def _finish(x: torch.Tensor, batch: Batch) -> torch.Tensor:
         return x.to(torch.uint8).contiguous() if batch.integer else x.contiguous()
+
+
+_TORCH_OPS_WARMED: list = []  # the process's exact resize torch ops have run once (set_up_in_background)
+
+
+def set_up_in_background(device_id: int) -> None:
+    """As a GPU pipeline with a torch stage builds: Triton's once-per-process set-up
+    (``fused_color``), and, once per process, the exact resize's torch ops run on a tiny batch,
+    so the libraries and kernels they load (cuBLAS's float64 products above all, a few tenths of a
+    second) are loaded before the first batch takes those ops while its Triton kernels compile."""
+    fused_color.set_up_in_background(device_id)
+    if _TORCH_OPS_WARMED:
+        return
+    _TORCH_OPS_WARMED.append(True)
+
+    def warm() -> None:
+        try:
+            with torch.cuda.device(device_id), torch.cuda.stream(torch.cuda.Stream()), fused_color.torch_ops_only():
+                x = torch.zeros((2, 3, 8, 8), dtype=torch.uint8, device=f"cuda:{device_id}")
+                resample.pillow_resize(x, [[8, 8], [6, 8]], [[5, 3], [8, 4]], [pillow_weights.BILINEAR] * 2)
+                torch.cuda.current_stream().synchronize()
+        except Exception:  # noqa: BLE001 - the first batch then loads them itself
+            pass
+
+    threading.Thread(target=warm, name="dali_autoproxy-torch-ops-warm-up", daemon=True).start()
 
 
 def _first(out: Union[torch.Tensor, List[torch.Tensor]]) -> torch.Tensor:
