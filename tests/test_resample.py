@@ -23,7 +23,9 @@ FILTERS = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "h
 COMPUTED = [FILTERS[k] for k in ("bilinear", "bicubic", "box")]  # filters whose weights the kernel computes
 
 
-SIDES = {"max_side": 160, "max_out": 120}  # _batch's largest crop and output sides (smaller in the interpreter)
+# _batch's largest crop and output sides, the pass-order batches' and the stage's largest images
+# (smaller in the interpreter, which runs every program in Python)
+SIDES = {"max_side": 160, "max_out": 120, "order_side": 200, "stage_side": 300}
 
 
 def _batch(rng, n, max_side=None, max_out=None, filters=tuple(FILTERS.values())):
@@ -63,14 +65,14 @@ def _windows(rng, outs: np.ndarray) -> np.ndarray:
 
 
 def differences_from_pillow(resize, seed: int, batches: int, n: int = 6, windowed: bool = False,
-                            filters=tuple(FILTERS.values()), boxed: bool = False) -> dict:
+                            filters=tuple(FILTERS.values()), boxed: bool = False, **sides) -> dict:
     """Samples whose resize differs from Pillow's anywhere, of all those tried; ``windowed``: a
     random crop of each resized image folded into the resize, against Pillow's resize, then crop;
     ``boxed``: a random box of each image resized (Pillow's ``box``), most of them inside it."""
     rng = np.random.default_rng(seed)
     total = bad = 0
     for _ in range(batches):
-        x, ins, outs, kinds, crops = _batch(rng, n, filters=filters)
+        x, ins, outs, kinds, crops = _batch(rng, n, filters=filters, **sides)
         window = _windows(rng, outs) if windowed else None
         boxes = _boxes(rng, ins) if boxed else None
         out = resize(x, ins, outs, kinds, **({"window": window} if windowed else {}),
@@ -241,7 +243,7 @@ def pass_order_differences(seed: int = 5, filters=tuple(FILTERS.values())) -> di
     try:
         for name, rows_first in (("vertical first", [True] * 6), ("horizontal first", [False] * 6),
                                  ("both", [True, False] * 3)):
-            x, ins, _, kinds, _ = _batch(rng, 6, max_side=200, filters=filters)
+            x, ins, _, kinds, _ = _batch(rng, 6, max_side=SIDES["order_side"], filters=filters)
             outs = np.array([_shrinking(h, w) if first else _shrinking(w, h)[::-1]
                              for (h, w), first in zip(ins.tolist(), rows_first)])
             order = resample.vertical_first(ins, outs)
@@ -305,7 +307,8 @@ def stage_differences(device: str, seed: int = 0, n: int = 10) -> dict:
         ops = split_at_takeover(plan.ops)[1]
         assert type(ops[0]) is PillowResize, ops
         torch.manual_seed(seed)
-        sizes = [(int(rng.integers(60, 300)), int(rng.integers(60, 300))) for _ in range(n)]
+        sizes = [(int(rng.integers(60, SIDES["stage_side"])), int(rng.integers(60, SIDES["stage_side"])))
+                 for _ in range(n)]
         params = np.array([plan.draw(h, w) for h, w in sizes])
         resize = ops[0]
         ins = params[:, resize.span("in_height", "in_width")].astype(np.int64)
@@ -342,11 +345,11 @@ def test_triton_kernel_in_tritons_interpreter_equals_pillow():
                                                 "pass orders": PASS_ORDERS, "pass orders, computed": PASS_ORDERS}
 
 
-def computed_differences(batches: int) -> dict:
+def computed_differences(batches: int, **sides) -> dict:
     """The kernel that computes its weights (every filter of the batch one of COMPUTED): whole
     images, windows, and boxes (Pillow's ``box``) with windows, against Pillow."""
     return {case: differences_from_pillow(_triton_resize, seed, batches, windowed=windowed, filters=COMPUTED,
-                                          boxed=boxed)
+                                          boxed=boxed, **sides)
             for case, seed, windowed, boxed in (("whole", 21, False, False), ("windowed", 22, True, False),
                                                 ("boxed, windowed", 23, True, True))}
 
@@ -550,14 +553,14 @@ def test_spawned_workers_plan_with_the_main_process_options(photo_root):
 
 if __name__ == "__main__":  # the interpreter test's subprocess
     DEVICE = sys.argv[1]
-    SIDES.update(max_side=90, max_out=70)  # the interpreter runs every program in Python
+    SIDES.update(max_side=90, max_out=70, order_side=110, stage_side=120)
     from dali_autoproxy.backends.torch_stage.kept_tables import KeptTables
     KeptTables.COMPUTED_ON = ("cuda", "cpu")  # new tables computed by the device's torch ops, as on the GPU
     from dali_autoproxy.backends.torch_stage import _triton_resample, resample
     resample._triton_kernel = lambda x: _triton_resample  # the interpreted kernels on the CPU
     print(json.dumps(dict(differences_from_pillow(_triton_resize, 1, 4),
                           windowed=differences_from_pillow(_triton_resize, 6, 4, windowed=True),
-                          computed=computed_differences(2), stage=stage_differences("cpu", n=2),
+                          computed=computed_differences(2, max_side=64, max_out=48), stage=stage_differences("cpu", n=2),
                           **{"boxed, windowed": differences_from_pillow(_triton_resize, 24, 2, windowed=True,
                                                                         boxed=True)},
                           **{"pass orders": pass_order_differences(),
