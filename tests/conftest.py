@@ -24,6 +24,9 @@ def cuda_usable() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    # the slowest tests first: pytest-xdist hands tests out in this order, so the two workers
+    # start on them instead of one finishing them alone at the end
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if cuda_usable():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU and DALI (the CPU-backend twin runs in CI)")

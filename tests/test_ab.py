@@ -72,6 +72,7 @@ def test_ab_on_an_unchanged_script(tmp_path, photo_root):
     assert not any(lo["proxied"] for lo in runs["A"][0]["loaders"])
 
 
+@pytest.mark.slow
 def test_ab_repeat_seconds_and_plot(tmp_path, photo_root):
     pytest.importorskip("matplotlib")
     png = tmp_path / "ab.png"
@@ -97,6 +98,7 @@ def test_demo_is_sized_for_the_machine():
     assert CPU_SIZE[0] <= 1024 and CPU_SIZE[2] is None
 
 
+@pytest.mark.slow
 def test_demo_runs_on_a_machine_without_data(tmp_path):
     res = subprocess.run([_exe(), "demo", "--images", "64", "--workers", "2", "--epochs", "1",
                           "--cache", str(tmp_path)], capture_output=True, text=True, timeout=600)

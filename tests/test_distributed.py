@@ -45,6 +45,7 @@ def _rank_main(rank, world, init_file, root, out_dir, enable_after_init):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("enable_after_init", [False, True], ids=["enable_first", "enable_after_init"])
 def test_two_ranks_get_torchvisions_samples(photo_root, tmp_path, enable_after_init):
     from test_fidelity import compare

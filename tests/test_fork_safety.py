@@ -86,6 +86,7 @@ LOADER_OPTIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("options", sorted(LOADER_OPTIONS))
 @pytest.mark.parametrize("kind", STAGE_KINDS)

@@ -167,6 +167,7 @@ def _version(text: str):
     return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_version(triton.__version__) < (3, 8),
                     reason="Triton's interpreter before 3.8 cannot take a runtime loop bound under NumPy 2")
 def test_fused_color_jitter_in_tritons_interpreter_equals_torchvision():

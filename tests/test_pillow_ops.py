@@ -82,6 +82,7 @@ def test_triton_blur_kernel_compiles_for_a_gpu():
                       {"BLOCK_O": 32, "BLOCK_A": 32})
 
 
+@pytest.mark.slow
 def test_triton_blur_kernel_in_tritons_interpreter_equals_pillow():
     assert in_tritons_interpreter(__file__) == {"samples": 44, "different_from_pillow": 0}
 

@@ -324,6 +324,7 @@ def test_recording_is_planned_only_on_rgb_pil_images():
         build_plan(after_tensor)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["num_workers=0", "spawn"])
 def test_recorded_and_replanned_in_the_main_process_and_in_spawned_workers(photo_root, how):
     """The same outcomes where the chain runs in the main process (no workers) and in spawned

@@ -419,6 +419,7 @@ def test_nothing_listens_on_a_network_port(photo_root):
     del loader
 
 
+@pytest.mark.slow
 def test_short_soak_keeps_resources_flat():
     """Pipelines, descriptors and processes exact; host memory as a trend. glibc gives each new
     thread (DALI's, per pipeline) a malloc arena until 8 per core exist, each keeping its pages:
@@ -668,6 +669,7 @@ def children() -> list:
     return [t for t in os.listdir("/proc") if t.isdigit() and parent(t) == str(os.getpid())]
 
 
+@pytest.mark.slow
 def test_a_killed_worker_raises_plains_error_every_time_and_leaves_nothing_running(photo_root):
     """A worker SIGKILLed (the OOM killer) at 16 points of a long epoch: each time the
     DataLoader's RuntimeError reaches the loop within seconds (never taken for a DALI failure,

@@ -334,6 +334,7 @@ def stage_differences(device: str, seed: int = 0, n: int = 10) -> dict:
 DEVICE = "cpu"
 
 
+@pytest.mark.slow
 def test_triton_kernel_in_tritons_interpreter_equals_pillow():
     """The kernel against Pillow, and the stage with it (the chain's end folded into the second
     pass) against the stage as torch ops: every value equal, in Triton's interpreter."""
@@ -560,7 +561,8 @@ if __name__ == "__main__":  # the interpreter test's subprocess
     resample._triton_kernel = lambda x: _triton_resample  # the interpreted kernels on the CPU
     print(json.dumps(dict(differences_from_pillow(_triton_resize, 1, 4),
                           windowed=differences_from_pillow(_triton_resize, 6, 4, windowed=True),
-                          computed=computed_differences(2, max_side=64, max_out=48), stage=stage_differences("cpu", n=2),
+                          computed=computed_differences(2, max_side=64, max_out=48),
+                          stage=stage_differences("cpu", n=2),
                           **{"boxed, windowed": differences_from_pillow(_triton_resize, 24, 2, windowed=True,
                                                                         boxed=True)},
                           **{"pass orders": pass_order_differences(),
