@@ -280,6 +280,32 @@ def test_a_users_pillow_class_runs_on_dali_equal_to_plain(photo_root, cls):
     assert rep["worker_transforms"] == [] and rep["partial"] is None, rep
 
 
+class TwoViews:
+    """VICReg's and Barlow Twins' shape: two chains of the same classes with other odds."""
+
+    def __init__(self):
+        self.first = T.Compose([T.RandomResizedCrop(40), SelfSupervisedBlur(p=1.0), T.ToTensor()])
+        self.second = T.Compose([T.RandomResizedCrop(40), SelfSupervisedBlur(p=0.1), T.ToTensor()])
+
+    def __call__(self, img):
+        return self.first(img), self.second(img)
+
+
+def test_two_chains_of_the_same_steps_are_both_reported(photo_root):
+    """Each distinct chain is listed with its steps (a chain planned again per draw once):
+    two views' chains whose steps have the same names are two entries, and both equal plain."""
+    ds = image_folder(photo_root, TwoViews())
+    random.seed(3)
+    ref = load_all(ds, autoproxy=False, resize="pillow")
+    random.seed(3)
+    out = load_all(ds, autoproxy=True, resize="pillow")
+    for (va, ya), (vb, yb) in zip(ref, out):
+        assert all(torch.equal(a, b) for a, b in zip(va, vb)) and torch.equal(ya, yb)
+    rep = last_report()
+    assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
+    assert rep["dali_transforms"].count("SelfSupervisedBlur") == 2, rep
+
+
 @pytest.mark.parametrize("cls", [ReadsPixels, PastesInPlace, ReturnsGray], ids=lambda c: c.__name__)
 def test_a_class_that_needs_pixels_runs_in_the_worker_as_plain(photo_root, cls):
     LEARNT.pixel_readers.pop(cls, None)  # what the main process learnt in an earlier test

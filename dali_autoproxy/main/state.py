@@ -132,9 +132,10 @@ class LoaderState:
     def _describe_plans(self) -> None:
         rec = self.record
         plans = [p for p in self.plans.values() if not self.used or p.key in self.used]
-        # a chain planned again per shape (joint transforms, recorded calls) listed once; distinct chains each
-        varied = list(dict.fromkeys(tuple(p.names) for p in plans if p.any_size or p.records))
-        named = [tuple(p.names) for p in plans if not (p.any_size or p.records)] + varied
+        # a chain planned again per shape (joint transforms, recorded calls) listed once; distinct chains
+        # each, though their steps have the same names (VICReg's two views: the same classes, other odds)
+        varied = list(dict.fromkeys((p.chain, tuple(p.names)) for p in plans if p.any_size or p.records))
+        named = [tuple(p.names) for p in plans if not (p.any_size or p.records)] + [names for _, names in varied]
         rec["dali_transforms"] = (["decode"] if rec["decode_on_dali"] else []) + [n for names in named for n in names]
         rec["worker_transforms"] = [n for p in plans for n in p.worker_names]
         splits = [f"{' -> '.join(p.worker_names)} | {' -> '.join(p.names)} ({p.split_reason})"

@@ -24,7 +24,7 @@ from dali_autoproxy.plan.pillow_ops import PillowCall
 from dali_autoproxy.plan.record.learnt import LEARNT
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.steps import ChainState, SampleGeometry, Step
-from dali_autoproxy.plan.translate import flatten, is_chain, lookup, transform_name
+from dali_autoproxy.plan.translate import chain_of, flatten, is_chain, lookup, transform_name
 from dali_autoproxy.plan.translate.recorded import cannot_record, guess_tensor_tail, record_step
 
 Path = Tuple[Any, ...]  # how a chain was reached from the loader's dataset (for messages)
@@ -41,6 +41,7 @@ class Plan:
     split_reason: Optional[str] = None  # why those stay in the worker
     any_size: bool = False  # its images end at sizes of their own (a joint transform's): the torch stage
     #                         may take every sample at its own size (``ir.split_at_takeover``)
+    chain: str = field(default="", compare=False)  # the chain it came from (``chain_of``), for the report
 
     @property
     def ops(self) -> List[Op]:
@@ -82,8 +83,7 @@ class Plan:
 
 
 def uses_pil_file_loader(ds: Any) -> bool:
-    """True for DatasetFolder/ImageFolder that read files with torchvision's PIL loader,
-    unmodified: then the worker may read the file's bytes itself (no PIL header parse)."""
+    """A DatasetFolder/ImageFolder reading files with torchvision's PIL loader, unmodified."""
     try:
         from torchvision import get_image_backend
         from torchvision.datasets.folder import DatasetFolder, default_loader, pil_loader
@@ -296,8 +296,7 @@ def build_joined_plan(head: Any, tail: Any) -> Plan:
 
 
 def _ends_as_pil(prefix: List[Any]) -> bool:
-    """Whether the worker's part, as far as it is known, still holds a PIL image at its end
-    (untranslatable steps are assumed to keep the type; the worker checks each sample)."""
+    """Whether the worker's part still ends in a PIL image (unknown steps keep the type)."""
     state = ChainState()
     for t in prefix:
         try:
@@ -359,15 +358,20 @@ def joint_class(cls: type) -> bool:
 
 
 def build_joint_plan(call: Any) -> Plan:
-    """The plan of a joint transform's call (``worker/joint.py``), one recorded step: its images
-    end at sizes of their own, so the torch stage takes each sample at its own size where it must."""
+    """A joint transform's call's plan (``worker/joint.py``): one recorded step, images of their own sizes."""
     return _translate([call], any_size=True)
 
 
 def build_plan(transform: Any) -> Plan:
-    """Translate a transform chain; where a step cannot be translated, offload the longest
-    tail that can (partial offload: the worker runs the rest, and decodes); raise
-    Unsupported with the first reason when no tail worth moving remains."""
+    """Translate a transform chain; where a step cannot be translated, offload the longest tail that
+    can (the worker runs the rest, and decodes); Unsupported with the first reason if none is worth it."""
+    plan = _plan_of(transform)
+    plan.chain = chain_of(transform)
+    return plan
+
+
+
+def _plan_of(transform: Any) -> Plan:
     flat = flatten(transform)
     joint = next((t for t in flat if type(t) in _target_transforms()), None)
     if joint is not None:

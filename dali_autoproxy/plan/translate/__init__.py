@@ -6,6 +6,7 @@ import pkgutil
 
 from dali_autoproxy.plan.translate.registry import (
     Converter,
+    chain_of,
     coin_drawer,
     compose_types,
     flatten,
@@ -22,4 +23,4 @@ for _module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["Converter", "register", "register_equivalent", "lookup", "flatten", "is_chain", "compose_types",
-           "transform_name", "coin_drawer", "v2_params"]
+           "transform_name", "coin_drawer", "v2_params", "chain_of"]

@@ -242,3 +242,11 @@ def transform_name(t: object) -> str:
     mod = type(t).__module__
     prefix = "v2." if ".v2" in mod else ""
     return prefix + type(t).__name__
+
+
+def chain_of(transform: Any) -> str:
+    """Tells chains apart in every process (spawned workers too), for the report: each step's
+    class and settings."""
+    steps = [(type(t).__qualname__, sorted((k, repr(v)[:120]) for k, v in vars(t).items()) if hasattr(t, "__dict__")
+              else repr(t)[:120]) for t in flatten(transform)]
+    return hashlib.sha1(repr(steps).encode()).hexdigest()[:12]
