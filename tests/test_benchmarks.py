@@ -16,17 +16,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("torchvision", "autoproxy", "dali_proxy", "dali_native", "decode_ceiling")
 
 
-def _loader_benchmark(tmp_path, pipelines, modes) -> dict:
+def _loader_benchmark(tmp_path, pipelines, modes, images: int = 48) -> dict:
     out = tmp_path / "bench.json"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "loader_benchmark.py"), "--data", str(tmp_path / "c"),
-           "--images", "48", "--workers", "2", "--batch", "8", "--device", "cpu", "--warmup", "1",
+           "--images", str(images), "--workers", "2", "--batch", "8", "--device", "cpu", "--warmup", "1",
            "--repeat", "1", "--epochs", "2", "--pipelines", *pipelines, "--modes", *modes, "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
     assert {(r["pipeline"], r["mode"]) for r in data["results"]} == {(p, m) for p in pipelines for m in modes}
     assert all(r["images_per_s"] > 0 for r in data["results"])
-    assert data["corpus"]["images"] == 48 and len(data["commit"]) == 40
+    assert data["corpus"]["images"] == images and len(data["commit"]) == 40
     return data
 
 
@@ -42,7 +42,8 @@ def test_loader_benchmark_runs_every_mode(tmp_path):
 def test_loader_benchmark_runs_every_pipeline(tmp_path):
     """Every other pipeline, autoproxied and as the hand-written proxy (the modes share each
     pipeline's torchvision chain and DALI graph)."""
-    _loader_benchmark(tmp_path, ["eval", "heavy", "trivialaugment", "jitter_v2", "decode"], ["autoproxy", "dali_proxy"])
+    _loader_benchmark(tmp_path, ["eval", "heavy", "trivialaugment", "jitter_v2", "decode"], ["autoproxy", "dali_proxy"],
+                      images=24)
 
 
 def test_torch_stage_profile_runs(tmp_path):
