@@ -415,16 +415,19 @@ def test_a_first_batch_does_not_wait_for_the_compiler(device):
     """The product's stages compile their Triton kernels behind the first batch: on a GPU the
     first call starts a thread that launches them on a copy, and the batches take the torch ops
     until it ends, then the kernels. Every batch equals the torch ops' result on the CPU, before
-    and after; no kernel failed. On the CPU backend (no Triton there) nothing is started."""
+    and after; no kernel failed. On the CPU backend (no Triton there) nothing is started. A stage
+    with colour maths (whose CUDA torch ops may round otherwise than the kernels) waits for them."""
     from dali_autoproxy.backends.torch_stage import TorchStage, fused_color
     from dali_autoproxy.plan.ir import split_at_takeover
     from dali_autoproxy.plan.planning import build_plan
     from dali_autoproxy.plan.settings import SETTINGS
     SETTINGS["resize"] = "pillow"
     try:
-        plan = build_plan(STAGE_CHAINS["colour after"]())
+        plan = build_plan(STAGE_CHAINS["train"]())
+        colour = split_at_takeover(build_plan(STAGE_CHAINS["colour after"]()).ops)[1]
     finally:
         SETTINGS["resize"] = "dali"
+    assert not TorchStage(colour, compile_behind=True).compile_behind
     ops = split_at_takeover(plan.ops)[1]
     torch.manual_seed(3)
     photo = photographs()[0]

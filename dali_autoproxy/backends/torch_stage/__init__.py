@@ -38,7 +38,7 @@ from dali_autoproxy.backends.torch_stage.geometry import perspective, warp
 from dali_autoproxy.backends.torch_stage.policies import augment
 from dali_autoproxy.backends.torch_stage.registry import FUSED_PAIRS, FUSED_RUNS, TORCH_KERNELS, Batch, uniform
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
-from dali_autoproxy.plan.ir import PillowResize, TensorResize
+from dali_autoproxy.plan.ir import Crop, Flip, Normalize, PillowReduce, PillowResize, TensorResize, ToCHW, ToFloat
 
 # every module of this package registers its kernels when imported (the Triton ones load lazily)
 for _module in pkgutil.iter_modules(__path__):
@@ -47,6 +47,10 @@ for _module in pkgutil.iter_modules(__path__):
 
 
 TAKES_UINT8 = (PillowResize, TensorResize)  # kernels that read DALI's uint8 batch as it is (no float32 copy first)
+# ops whose torch ops on a GPU give the Triton kernels' values bit for bit (integer arithmetic, or one
+# correctly rounded float step each): only a stage of these takes the torch ops while its kernels
+# compile (colour maths as CUDA torch ops may contract a multiply-add the kernels keep apart)
+SAME_AS_KERNELS = (PillowResize, PillowReduce, Crop, Flip, ToFloat, Normalize, ToCHW)
 
 
 def _padded(samples: List[torch.Tensor]):
@@ -69,7 +73,7 @@ class TorchStage:
         # ``compile_behind``: the first batch's Triton kernels compile in a thread (``compiling``)
         # while the batches take the torch ops; off, the batches' launches compile them
         self.compiling: Optional[threading.Thread] = None
-        self.compile_behind = compile_behind
+        self.compile_behind = compile_behind and all(type(op) in SAME_AS_KERNELS for op in self.ops)
         self.kernels = [TORCH_KERNELS[op] for op in self.ops]
         self.pairs = {k: FUSED_PAIRS[pair] for k, pair in enumerate(zip(map(type, self.ops), map(type, self.ops[1:])))
                       if pair in FUSED_PAIRS}  # op k and k + 1 in one kernel where the batch allows
