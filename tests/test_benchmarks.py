@@ -197,7 +197,7 @@ def test_the_timing_window_excludes_the_queued_work():
     steady = measured(17, batches)
     naive = measured(1, 0)
     assert 0.85 * true_per_batch < steady < 1.3 * true_per_batch, (steady, true_per_batch)
-    assert naive < 0.9 * steady, (naive, steady)
+    assert naive < 0.95 * steady, (naive, steady)  # 16 of 80 batches free: about 0.8 on an idle machine
 
 
 @pytest.mark.slow
