@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dali_autoproxy.backends.torch_stage import fused_color
 from dali_autoproxy.backends.torch_stage.registry import Batch, kernel, upload
 from dali_autoproxy.plan.pillow_ops import PillowBlur
 
@@ -78,7 +79,6 @@ def triton_blur(kernel, x: torch.Tensor, rx: np.ndarray, ry: np.ndarray, passes:
 
 def _triton_kernel(x: torch.Tensor):
     """The Triton box-pass kernel where the fused kernels run (CUDA, Triton, not switched off)."""
-    from dali_autoproxy.backends.torch_stage import fused_color
     if _FORCE_TORCH_OPS or not fused_color.usable(x):
         return None
     from dali_autoproxy.backends.torch_stage import _triton_blur
@@ -102,8 +102,7 @@ def pillow_blur(x: torch.Tensor, x_radius: np.ndarray, y_radius: np.ndarray, pas
         try:
             return triton_blur(kernel, x.to(torch.float32), rx, ry, passes).to(x.dtype)
         except Exception as e:  # noqa: BLE001 - a build or launch failure must not stop training
-            from dali_autoproxy.backends.torch_stage import fused_color
-            fused_color.disable(f"the Triton blur kernel failed ({type(e).__name__}: {e})")
+                    fused_color.disable(f"the Triton blur kernel failed ({type(e).__name__}: {e})")
     out = x.to(torch.int64)
     weights = box_weights(rx)
     for _ in range(passes):

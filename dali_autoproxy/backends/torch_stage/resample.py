@@ -35,7 +35,7 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from dali_autoproxy.backends.torch_stage import fused_resize, pillow_weights
+from dali_autoproxy.backends.torch_stage import fused_color, fused_resize, pillow_weights
 from dali_autoproxy.backends.torch_stage.pillow_weights import vertical_first
 from dali_autoproxy.backends.torch_stage.registry import (
     Batch,
@@ -71,7 +71,6 @@ def _tables(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kind
 def _triton_kernel(x: torch.Tensor):
     """The module of the Triton resample kernels where the fused kernels run (CUDA, Triton, not
     switched off)."""
-    from dali_autoproxy.backends.torch_stage import fused_color
     if not fused_color.usable(x):
         return None
     from dali_autoproxy.backends.torch_stage import _triton_resample
@@ -80,7 +79,6 @@ def _triton_kernel(x: torch.Tensor):
 
 def _triton_failed(e: Exception) -> None:
     """A build or launch failure must not stop training: the torch ops serve from now on."""
-    from dali_autoproxy.backends.torch_stage import fused_color
     fused_color.disable(f"the Triton resample kernel failed ({type(e).__name__}: {e})")
 
 
