@@ -451,6 +451,17 @@ def test_a_first_batch_does_not_wait_for_the_compiler(device):
         assert torch.equal(a, b.cpu())
 
 
+def test_only_batches_of_bounded_size_take_the_torch_ops_while_kernels_compile():
+    """A train batch of photographs (128 x 500 x 400) takes the torch ops while the kernels compile;
+    one of large photos (128 x 2000 x 1500, a float64 copy of 9 GB) waits for the kernels."""
+    from dali_autoproxy.backends.torch_stage import torch_ops_fit
+    one = torch.zeros((1, 1, 1, 1), dtype=torch.uint8)
+    assert torch_ops_fit(one.expand(128, 500, 400, 3))
+    assert not torch_ops_fit(one.expand(128, 2000, 1500, 3))
+    assert not torch_ops_fit([one[0].expand(2000, 1500, 3)] * 64 + [one[0].expand(20, 30, 3)] * 64)
+    assert torch_ops_fit([one[0].expand(500, 400, 3), one[0].expand(300, 450, 3)] * 64)
+
+
 @pytest.mark.gpu
 def test_graphs_shared_by_threads_stay_right(monkeypatch):
     """Three pipeline threads, each on its own stream, resizing batches of the same shapes at

@@ -51,6 +51,9 @@ TAKES_UINT8 = (PillowResize, TensorResize)  # kernels that read DALI's uint8 bat
 # correctly rounded float step each): only a stage of these takes the torch ops while its kernels
 # compile (colour maths as CUDA torch ops may contract a multiply-add the kernels keep apart)
 SAME_AS_KERNELS = (PillowResize, PillowReduce, Crop, Flip, ToFloat, Normalize, ToCHW)
+# the largest batch those torch ops take while the kernels compile, as its float64 working copy (the
+# exact resize's products): a batch of large photos waits for the kernels instead of holding GBs
+TORCH_OPS_BYTES = 1 << 30
 
 
 def _padded(samples: List[torch.Tensor]):
@@ -82,7 +85,7 @@ class TorchStage:
     def __call__(self, out: Union[torch.Tensor, List[torch.Tensor]], params) -> Union[torch.Tensor, List[torch.Tensor]]:
         if self.compiling is None and self.compile_behind and fused_color.usable(_first(out)):
             self.compiling = _compile_behind(self.ops, out, params)
-        if self.compiling is not None and self.compiling.is_alive():
+        if self.compiling is not None and self.compiling.is_alive() and torch_ops_fit(out):
             with fused_color.torch_ops_only():
                 return self._call(out, params)
         return self._call(out, params)
@@ -157,6 +160,16 @@ def set_up_in_background(device_id: int) -> None:
             pass
 
     threading.Thread(target=warm, name="dali_autoproxy-torch-ops-warm-up", daemon=True).start()
+
+
+def torch_ops_fit(out: Union[torch.Tensor, List[torch.Tensor]]) -> bool:
+    """Whether the batch's float64 working copy (padded to its largest sample) is within
+    ``TORCH_OPS_BYTES``."""
+    if isinstance(out, list):
+        numel = len(out) * max(o.shape[0] for o in out) * max(o.shape[1] for o in out) * out[0].shape[2]
+    else:
+        numel = out.numel()
+    return numel * 8 <= TORCH_OPS_BYTES
 
 
 def _first(out: Union[torch.Tensor, List[torch.Tensor]]) -> torch.Tensor:
