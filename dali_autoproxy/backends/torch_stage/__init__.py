@@ -15,7 +15,8 @@ per-sample params from the worker. The stage runs on the pipeline's own thread
 A GPU stage's Triton kernels compile on their first launch (a second or more on a machine whose
 Triton cache is empty). So a stage's first batch starts a thread that runs a copy of it through
 the Triton kernels, for their compiles alone, and the stage's batches take the torch ops (the same
-values) until that thread ends: the first batch does not wait for the compiler.
+values) until that thread ends: the first batch does not wait for the compiler. Only a stage of
+``SAME_AS_KERNELS`` ops does so, and only for batches within ``TORCH_OPS_BYTES``.
 
 One module per family registers a kernel per IR op type in ``TORCH_KERNELS``; which ops come
 here is the ops' ``placement`` (``ir.split_at_takeover``).
