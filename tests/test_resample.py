@@ -411,13 +411,16 @@ def test_triton_kernel_on_the_gpu_equals_pillow():
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_a_first_batch_does_not_wait_for_the_compiler(device):
+def test_a_first_batch_does_not_wait_for_the_compiler(device, monkeypatch):
     """The product's stages compile their Triton kernels behind the first batch: on a GPU the
     first call starts a thread that launches them on a copy, and the batches take the torch ops
-    until it ends, then the kernels. Every batch equals the torch ops' result on the CPU, before
-    and after; no kernel failed. On the CPU backend (no Triton there) nothing is started. A stage
-    with colour maths (whose CUDA torch ops may round otherwise than the kernels) waits for them."""
+    until it ends, then the kernels; a later stage of the same ops (the next loader's) starts no
+    thread. Every batch equals the torch ops' result on the CPU, before and after; no kernel
+    failed. On the CPU backend (no Triton there) nothing is started. A stage with colour maths
+    (whose CUDA torch ops may round otherwise than the kernels) waits for them."""
+    from dali_autoproxy.backends import torch_stage
     from dali_autoproxy.backends.torch_stage import TorchStage, fused_color
+    monkeypatch.setattr(torch_stage, "_COMPILED", set())  # as in a process that has compiled none
     from dali_autoproxy.plan.ir import split_at_takeover
     from dali_autoproxy.plan.planning import build_plan
     from dali_autoproxy.plan.settings import SETTINGS
@@ -446,6 +449,9 @@ def test_a_first_batch_does_not_wait_for_the_compiler(device):
         got.append(stage(batches[1][0].to(device), batches[1][1]))  # the torch ops, or the kernels if compiled
         stage.compiling.join(120)
         assert not stage.compiling.is_alive() and fused_color._STATE["usable"] is True
+        later = TorchStage(ops, compile_behind=True)
+        assert torch.equal(later(batches[0][0].to(device), batches[0][1]).cpu(), want[0])
+        assert later.compiling is None
     got += [stage(x.to(device), params) for x, params in batches[len(got):]]
     for a, b in zip(want, got):
         assert torch.equal(a, b.cpu())

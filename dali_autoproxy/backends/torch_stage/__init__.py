@@ -16,7 +16,8 @@ A GPU stage's Triton kernels compile on their first launch (a second or more on 
 Triton cache is empty). So a stage's first batch starts a thread that runs a copy of it through
 the Triton kernels, for their compiles alone, and the stage's batches take the torch ops (the same
 values) until that thread ends: the first batch does not wait for the compiler. Only a stage of
-``SAME_AS_KERNELS`` ops does so, and only for batches within ``TORCH_OPS_BYTES``.
+``SAME_AS_KERNELS`` ops does so, only for batches within ``TORCH_OPS_BYTES``, and only once per
+process for the same ops: the next loader's stage launches the compiled kernels at once.
 
 One module per family registers a kernel per IR op type in ``TORCH_KERNELS``; which ops come
 here is the ops' ``placement`` (``ir.split_at_takeover``).
@@ -85,7 +86,8 @@ class TorchStage:
 
     def __call__(self, out: Union[torch.Tensor, List[torch.Tensor]], params) -> Union[torch.Tensor, List[torch.Tensor]]:
         if self.compiling is None and self.compile_behind and fused_color.usable(_first(out)):
-            self.compiling = _compile_behind(self.ops, out, params)
+            if _compiled_key(self.ops, out) not in _COMPILED:
+                self.compiling = _compile_behind(self.ops, out, params)
         if self.compiling is not None and self.compiling.is_alive() and torch_ops_fit(out):
             with fused_color.torch_ops_only():
                 return self._call(out, params)
@@ -181,6 +183,7 @@ def _compile_behind(ops: Sequence[object], out: Union[torch.Tensor, List[torch.T
     """A thread running a copy of this batch through a stage of the same ops on its own stream,
     for the Triton compiles its launches make; its result is dropped. A failure there is a kernel
     that does not build: the torch ops serve from then on (``fused_color.disable``)."""
+    key = _compiled_key(ops, out)
     copy = [o.clone() for o in out] if isinstance(out, list) else out.clone()
     copied = torch.cuda.Event()
     copied.record()
@@ -194,6 +197,7 @@ def _compile_behind(ops: Sequence[object], out: Union[torch.Tensor, List[torch.T
                     stream.wait_event(copied)
                     TorchStage(ops)(copy, params)
                 stream.synchronize()
+            _COMPILED.add(key)
         except Exception as e:  # noqa: BLE001 - the batches go on with the torch ops
             fused_color.disable(f"compiling the torch stage's Triton kernels failed ({type(e).__name__}: {e})")
 
@@ -204,6 +208,14 @@ def _compile_behind(ops: Sequence[object], out: Union[torch.Tensor, List[torch.T
 
 
 _COMPILING: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+# stages whose kernels this process has compiled behind a first batch: a later stage of the same ops
+# (the next loader, epoch or pipeline) launches them at once, with no copy, thread or side stream
+_COMPILED: set = set()
+
+
+def _compiled_key(ops: Sequence[object], out: Union[torch.Tensor, List[torch.Tensor]]) -> tuple:
+    first = _first(out)
+    return first.device, first.dtype, isinstance(out, list), tuple(type(op) for op in ops)
 
 
 def stop_compiling(wait: float) -> None:
