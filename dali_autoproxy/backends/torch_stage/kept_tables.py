@@ -27,10 +27,12 @@ class KeptTables:
     """The tables of one device in two flat int32 buffers (plus one slot past the end that
     unused entries are scattered to). Past ``LIMIT`` weights the tables start over in new buffers
     (a stream of random boxes cannot grow them without bound). Several loaders' pipeline threads
-    share it: adding is locked, a reader's stream waits for the copies that wrote its tables, and
-    a reader takes its offsets and the buffers they index together (``Located``): an entry once
-    written is never written again, a buffer grown or started over is a new one, and the reader
-    keeps the old one for its launches (``Located.hold``: not reused before its stream is done)."""
+    share it: adding is locked, an adder's stream waits for every earlier adder's writes (so a grown
+    copy holds them, and each ``_written`` covers all before it), a reader's stream waits for the
+    copies that wrote its tables, and a reader takes its offsets and the buffers they index
+    together (``Located``): an entry once written is never written again, a buffer grown or
+    started over is a new one, and the reader keeps the old one for its launches
+    (``Located.hold``: not reused before its stream is done)."""
 
     LIMIT = 1 << 26  # int32 weights (256 MB)
     SIBLINGS = 256  # a whole image's tables come with those of every size up to a multiple of this ...
@@ -63,6 +65,8 @@ class KeptTables:
             missing = [k for k in dict.fromkeys(keys) if k not in self.where]
             if missing:
                 self.lookups_computing += 1
+                if self._written is not None:  # a grown copy reads what other threads' streams wrote
+                    torch.cuda.current_stream(self.device).wait_event(self._written)
                 self._add(self._with_siblings(missing))
                 if self._written is not None:
                     self._written.record(torch.cuda.current_stream(self.device))
