@@ -23,10 +23,28 @@ def cuda_usable() -> bool:
         return False
 
 
+def _slow_spread(items: list, workers: int) -> list:
+    """The order pytest-xdist's ``load`` scheduling hands out: each worker first gets a run of
+    consecutive tests (a quarter of its share), then one at a time as it finishes. So each
+    worker's first run starts with its share of the slow tests, the slow tests left over come
+    next: every worker starts on slow tests, none finishes them alone at the end."""
+    slow = [item for item in items if "slow" in item.keywords]
+    rest = [item for item in items if "slow" not in item.keywords]
+    if workers <= 1 or len(items) < 2 * workers:
+        return slow + rest
+    chunk = max(2, len(items) // workers // 4)
+    shares = [slow[k::workers] for k in range(workers)]
+    first_runs, left = [], []
+    for share in shares:
+        run = share[:chunk]
+        left += share[chunk:]
+        first_runs += run + [rest.pop(0) for _ in range(min(chunk - len(run), len(rest)))]
+    return first_runs + left + rest
+
+
+@pytest.hookimpl(trylast=True)  # after ``-m`` and ``-k`` have deselected
 def pytest_collection_modifyitems(config, items):
-    # the slowest tests first: pytest-xdist hands tests out in this order, so the two workers
-    # start on them instead of one finishing them alone at the end
-    items.sort(key=lambda item: "slow" not in item.keywords)
+    items[:] = _slow_spread(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     if cuda_usable():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU and DALI (the CPU-backend twin runs in CI)")
