@@ -1,3 +1,4 @@
+import itertools
 import os
 import sys
 
@@ -33,13 +34,12 @@ def _slow_spread(items: list, workers: int) -> list:
     if workers <= 1 or len(items) < 2 * workers:
         return slow + rest
     chunk = max(2, len(items) // workers // 4)
-    shares = [slow[k::workers] for k in range(workers)]
+    others = iter(rest)
     first_runs, left = [], []
-    for share in shares:
-        run = share[:chunk]
+    for share in (slow[k::workers] for k in range(workers)):
+        first_runs += share[:chunk] + list(itertools.islice(others, max(0, chunk - len(share))))
         left += share[chunk:]
-        first_runs += run + [rest.pop(0) for _ in range(min(chunk - len(run), len(rest)))]
-    return first_runs + left + rest
+    return first_runs + left + list(others)
 
 
 @pytest.hookimpl(trylast=True)  # after ``-m`` and ``-k`` have deselected

@@ -420,10 +420,10 @@ def test_a_first_batch_does_not_wait_for_the_compiler(device, monkeypatch):
     (whose CUDA torch ops may round otherwise than the kernels) waits for them."""
     from dali_autoproxy.backends import torch_stage
     from dali_autoproxy.backends.torch_stage import TorchStage, fused_color
-    monkeypatch.setattr(torch_stage, "_COMPILED", set())  # as in a process that has compiled none
     from dali_autoproxy.plan.ir import split_at_takeover
     from dali_autoproxy.plan.planning import build_plan
     from dali_autoproxy.plan.settings import SETTINGS
+    monkeypatch.setattr(torch_stage, "_COMPILED", set())  # as in a process that has compiled none
     SETTINGS["resize"] = "pillow"
     try:
         plan = build_plan(STAGE_CHAINS["train"]())

@@ -85,7 +85,8 @@ class TorchStage:
         self.prepared: dict = {}  # what the kernels prepare once for this stage (Batch.prepared)
 
     def __call__(self, out: Union[torch.Tensor, List[torch.Tensor]], params) -> Union[torch.Tensor, List[torch.Tensor]]:
-        if self.compiling is None and self.compile_behind and fused_color.usable(_first(out)):
+        if self.compile_behind and fused_color.usable(_first(out)):
+            self.compile_behind = False  # decided once, on the stage's first batch
             if _compiled_key(self.ops, out) not in _COMPILED:
                 self.compiling = _compile_behind(self.ops, out, params)
         if self.compiling is not None and self.compiling.is_alive() and torch_ops_fit(out):
