@@ -28,6 +28,7 @@ def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, fi
                               augmix=augmix)
     else:
         dali_autoproxy.disable()
+        loader_kw = plain_loader_kw(loader_kw)
     try:
         torch.manual_seed(seed)
         loader = DataLoader(dataset, **loader_kw)
@@ -40,6 +41,13 @@ def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, fi
         return [_clone(b) for b in loader]
     finally:
         dali_autoproxy.disable()
+
+
+def plain_loader_kw(loader_kw: dict) -> dict:
+    """Plain torchvision's batches do not depend on how its workers start (each worker's seeds
+    come from the main process): its arm forks them, sparing the fresh interpreters that
+    ``spawn`` and ``forkserver`` start, for the arm whose start is under test."""
+    return {k: v for k, v in loader_kw.items() if k != "multiprocessing_context"}
 
 
 def _clone(b):

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torchvision
 import torchvision.transforms as T
-from helpers import image_folder, last_report
+from helpers import image_folder, last_report, plain_loader_kw
 from photos import MEAN, STD, jpeg_with_thumbnail, photographs
 from PIL import Image
 from test_fidelity import compare
@@ -41,6 +41,8 @@ def outcomes(ds, *, autoproxy, seed=0, device="cpu", **kw):
     kw.setdefault("num_workers", 2)
     if autoproxy:
         dali_autoproxy.enable(device=device, log_level="ERROR")
+    else:
+        kw = plain_loader_kw(kw)
     torch.manual_seed(seed)
     res, it = Outcomes(), iter(DataLoader(ds, **kw))
     try:
@@ -427,7 +429,7 @@ def test_short_soak_keeps_resources_flat():
     allocator growth out of the figure, so that what it measures is memory still held."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     res = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "soak.py"), "--epochs", "9",
-                          "--warmup-epochs", "3", "--images", "128", "--workers", "2", "--device", "cpu"],
+                          "--warmup-epochs", "3", "--images", "64", "--workers", "2", "--device", "cpu"],
                          capture_output=True, text=True, timeout=600, env=dict(os.environ, MALLOC_ARENA_MAX="2"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert '"ok": true' in res.stdout
