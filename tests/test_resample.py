@@ -16,6 +16,8 @@ from helpers import compile_for_a_gpu, in_tritons_interpreter, last_report, load
 from photos import make_photo_folder, photographs
 from PIL import Image
 
+import dali_autoproxy
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FILTERS = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
 
@@ -501,6 +503,76 @@ def test_graphs_shared_by_threads_stay_right(monkeypatch):
         t.join()
     assert wrong == []
     assert graphs.replays - replays == 3 * 8 * len(batches)
+
+
+def _synchronizing_loop(stop, errors):
+    """A training loop's thread that synchronizes the device and empties torch's cache over and over."""
+    while not stop.is_set():
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except Exception as exc:  # noqa: BLE001 - what the loop would have raised
+            errors.append(f"{type(exc).__name__}: {exc}"[:200])
+
+
+@pytest.mark.gpu
+def test_a_loop_that_synchronizes_the_device_while_graphs_are_captured(monkeypatch):
+    """CUDA forbids a device-wide synchronize while a stream captures, and loses the capture: the
+    loop's torch.cuda.synchronize and empty_cache wait for a capture in progress instead, so the
+    loop raises nothing and every shape's graphs are captured and replayed."""
+    import threading
+
+    from dali_autoproxy.backends.torch_stage import _triton_resample, fused_resize
+    from dali_autoproxy.backends.torch_stage.launch_graphs import LaunchGraphs
+    graphs = LaunchGraphs("exact resize")
+    monkeypatch.setattr(fused_resize, "GRAPHS", graphs)
+    rng = np.random.default_rng(12)
+    batches = [_batch(rng, 4, max_side=40 + 8 * k)[:4] for k in range(12)]
+    stop, errors = threading.Event(), []
+    loop = threading.Thread(target=_synchronizing_loop, args=(stop, errors))
+    loop.start()
+    try:
+        for _ in range(3):  # first batch of a shape launched, the next ones captured, then replayed
+            for x, ins, outs, kinds in batches:
+                boxes = np.concatenate([0 * ins, ins], 1).astype(np.float64)
+                fused_resize.two_passes(_triton_resample, x.to(torch.uint8).cuda(), ins, outs, kinds, boxes)
+    finally:
+        stop.set()
+        loop.join()
+        dali_autoproxy.disable()
+    assert errors == [] and graphs.enabled and graphs.replays >= len(batches), (errors[:3], graphs.replays)
+
+
+def test_device_wide_syncs_wait_for_a_capture_in_progress():
+    """CPU twin (no capture here): while enabled, once the stage has captured, torch.cuda's
+    synchronize and empty_cache are the ledger's, wait while a capture holds the lock, and
+    disable() gives the originals back."""
+    import threading
+
+    from dali_autoproxy.backends.torch_stage import launch_graphs
+    from dali_autoproxy.patches import ledger
+    originals = [getattr(torch.cuda, name) for name in launch_graphs.DEVICE_WIDE_SYNCS]
+    dali_autoproxy.enable(device="cpu")
+    try:
+        launch_graphs.hold_device_syncs_during_captures()
+        assert {"synchronize", "empty_cache"} <= {p.rsplit(".", 1)[1] for p in ledger.patched()}
+        returned = threading.Event()
+
+        def loop():
+            try:
+                torch.cuda.synchronize()  # raises here, without CUDA, once it gets the lock
+            except Exception:  # noqa: BLE001
+                pass
+            returned.set()
+        with launch_graphs.CAPTURING:
+            thread = threading.Thread(target=loop)
+            thread.start()
+            assert not returned.wait(0.3), "synchronize ran while a capture held the lock"
+        assert returned.wait(10)
+        thread.join()
+    finally:
+        dali_autoproxy.disable()
+    assert [getattr(torch.cuda, name) for name in launch_graphs.DEVICE_WIDE_SYNCS] == originals
 
 
 @pytest.fixture(scope="module")

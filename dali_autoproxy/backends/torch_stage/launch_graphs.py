@@ -15,10 +15,18 @@ GPU unless it is that many batches ahead (several pipeline threads share them: o
 under a lock, picks a graph, fills its buffers and queues its replay). A shape's first batch is launched directly (its
 kernels compile there, which a capture may not do); a capture that fails switches the graphs
 off for good (logged once) and the direct launches serve.
+
+CUDA forbids synchronizing a device while one of its streams captures, and the capture is then
+lost too; the training loop may call ``torch.cuda.synchronize`` (or ``empty_cache``, whose frees
+synchronize) on its own thread at any moment. So while the package is enabled those two wait
+for a capture in progress (``CAPTURING``; a capture takes milliseconds), through the patch
+ledger. A reference bound before enable() (``from torch.cuda import synchronize``) is not
+covered.
 """
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Callable, Dict, Hashable, List, Set
 
@@ -28,6 +36,31 @@ import torch
 log = logging.getLogger("dali_autoproxy")
 
 Launches = Callable[[torch.Tensor], None]  # launches(block on the device): the kernels of one batch
+
+CAPTURING = threading.RLock()  # held by a capture, and by a device-wide synchronize of any thread
+DEVICE_WIDE_SYNCS = ("synchronize", "empty_cache")  # torch.cuda's functions that synchronize the device
+
+
+def _fresh_lock_in_a_forked_child() -> None:
+    """A worker forked while a capture held the lock would otherwise inherit it held for good."""
+    global CAPTURING
+    CAPTURING = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_a_forked_child)
+
+
+def _after_captures(wrapped, instance, args, kwargs):
+    with CAPTURING:
+        return wrapped(*args, **kwargs)
+
+
+def hold_device_syncs_during_captures() -> None:
+    """Make torch.cuda's device-wide synchronizing functions wait for a capture (idempotent;
+    undone by disable())."""
+    from dali_autoproxy.patches import ledger
+    for name in DEVICE_WIDE_SYNCS:
+        ledger.wrap(torch.cuda, name, _after_captures)
 
 
 class _Graph:
@@ -43,7 +76,7 @@ class _Graph:
         current = torch.cuda.current_stream(self.device_index)
         side = torch.cuda.Stream(device)
         side.wait_stream(current)
-        with torch.cuda.stream(side):
+        with CAPTURING, torch.cuda.stream(side):
             self.graph.capture_begin(capture_error_mode="thread_local")  # other threads launch freely
             try:
                 self.block.copy_(self.host, non_blocking=True)  # a node of the graph: pinned memory to the device
@@ -96,6 +129,7 @@ class LaunchGraphs:
         turn = self._turn[key]
         self._turn[key] = (turn + 1) % self.DEPTH
         if turn == len(ring):
+            hold_device_syncs_during_captures()
             try:
                 ring.append(_Graph(block.shape, device, launches))
             except Exception as e:  # noqa: BLE001 - a capture that fails must not stop training
