@@ -505,21 +505,24 @@ def test_graphs_shared_by_threads_stay_right(monkeypatch):
     assert graphs.replays - replays == 3 * 8 * len(batches)
 
 
-def _synchronizing_loop(stop, errors):
-    """A training loop's thread that synchronizes the device and empties torch's cache over and over."""
+def _training_loop(stop, errors, draws):
+    """A training loop's thread: synchronizes the device, empties torch's cache and draws from
+    torch's CUDA generator (dropout), over and over."""
     while not stop.is_set():
         try:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
+            draws.append(torch.randn(64, device="cuda").cpu())
         except Exception as exc:  # noqa: BLE001 - what the loop would have raised
             errors.append(f"{type(exc).__name__}: {exc}"[:200])
 
 
 @pytest.mark.gpu
-def test_a_loop_that_synchronizes_the_device_while_graphs_are_captured(monkeypatch):
+def test_a_loop_that_synchronizes_and_draws_while_graphs_are_captured(monkeypatch):
     """CUDA forbids a device-wide synchronize while a stream captures, and loses the capture: the
-    loop's torch.cuda.synchronize and empty_cache wait for a capture in progress instead, so the
-    loop raises nothing and every shape's graphs are captured and replayed."""
+    loop's torch.cuda.synchronize and empty_cache wait for a capture in progress instead. The
+    captures leave torch's CUDA generator alone: the loop's draws are the ones it makes without
+    the stage, and so is its next draw after the graphs' replays."""
     import threading
 
     from dali_autoproxy.backends.torch_stage import _triton_resample, fused_resize
@@ -528,19 +531,25 @@ def test_a_loop_that_synchronizes_the_device_while_graphs_are_captured(monkeypat
     monkeypatch.setattr(fused_resize, "GRAPHS", graphs)
     rng = np.random.default_rng(12)
     batches = [_batch(rng, 4, max_side=40 + 8 * k)[:4] for k in range(12)]
-    stop, errors = threading.Event(), []
-    loop = threading.Thread(target=_synchronizing_loop, args=(stop, errors))
+    stop, errors, draws = threading.Event(), [], []
+    torch.manual_seed(7)
+    loop = threading.Thread(target=_training_loop, args=(stop, errors, draws))
     loop.start()
     try:
         for _ in range(3):  # first batch of a shape launched, the next ones captured, then replayed
             for x, ins, outs, kinds in batches:
                 boxes = np.concatenate([0 * ins, ins], 1).astype(np.float64)
                 fused_resize.two_passes(_triton_resample, x.to(torch.uint8).cuda(), ins, outs, kinds, boxes)
+        torch.cuda.synchronize()
     finally:
         stop.set()
         loop.join()
         dali_autoproxy.disable()
+    after = torch.randn(64, device="cuda").cpu()
     assert errors == [] and graphs.enabled and graphs.replays >= len(batches), (errors[:3], graphs.replays)
+    torch.manual_seed(7)
+    plain = [torch.randn(64, device="cuda").cpu() for _ in range(len(draws) + 1)]
+    assert draws and all(torch.equal(a, b) for a, b in zip(draws + [after], plain))
 
 
 def test_device_wide_syncs_wait_for_a_capture_in_progress():

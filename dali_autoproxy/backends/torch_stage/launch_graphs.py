@@ -33,6 +33,8 @@ from typing import Callable, Dict, Hashable, List, Set
 import numpy as np
 import torch
 
+from dali_autoproxy.backends.torch_stage.cuda_graph import DriverGraph
+
 log = logging.getLogger("dali_autoproxy")
 
 Launches = Callable[[torch.Tensor], None]  # launches(block on the device): the kernels of one batch
@@ -64,7 +66,8 @@ def hold_device_syncs_during_captures() -> None:
 
 
 class _Graph:
-    """One captured sequence of launches and the buffers it reads."""
+    """One captured sequence of launches and the buffers it reads (captured by the driver:
+    ``cuda_graph`` says why not by ``torch.cuda.CUDAGraph``)."""
 
     def __init__(self, shape, device: torch.device, launches: Launches) -> None:
         self.host = torch.zeros(shape, dtype=torch.int64).pin_memory()
@@ -72,24 +75,23 @@ class _Graph:
         self.block = torch.zeros(shape, dtype=torch.int64, device=device)
         self.done = torch.cuda.Event()
         self.device_index = device.index if device.index is not None else torch.cuda.current_device()
-        self.graph = torch.cuda.CUDAGraph()
         current = torch.cuda.current_stream(self.device_index)
         side = torch.cuda.Stream(device)
         side.wait_stream(current)
-        with CAPTURING, torch.cuda.stream(side):
-            self.graph.capture_begin(capture_error_mode="thread_local")  # other threads launch freely
-            try:
-                self.block.copy_(self.host, non_blocking=True)  # a node of the graph: pinned memory to the device
-                launches(self.block)
-            finally:
-                self.graph.capture_end()
+
+        def record() -> None:
+            self.block.copy_(self.host, non_blocking=True)  # a node of the graph: pinned memory to the device
+            launches(self.block)
+        with CAPTURING, torch.cuda.stream(side):  # other threads launch freely (thread-local capture)
+            self.graph = DriverGraph(side, record)
         current.wait_stream(side)
 
     def replay(self, block: np.ndarray) -> None:
         self.done.synchronize()  # the replay that last read this graph's buffers has run
         self.host_view[...] = block
-        self.graph.replay()
-        self.done.record(torch.cuda.current_stream(self.device_index))  # (by index: no device lookup)
+        stream = torch.cuda.current_stream(self.device_index)  # (by index: no device lookup)
+        self.graph.replay(stream)
+        self.done.record(stream)
 
 
 class LaunchGraphs:
