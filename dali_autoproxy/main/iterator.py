@@ -45,6 +45,7 @@ from dali_autoproxy.worker.collate import CollateInMain, DefaultCollate
 from dali_autoproxy.worker.install import WorkerInstaller, patch, swap_folder_loaders, unswap
 from dali_autoproxy.worker.routing import routing
 
+DEATH_SHOWS_WITHIN = 10.0  # seconds a worker whose queue broke has to show as dead (the DataLoader's error)
 NOTHING_ROUTED = ("no recognised chain was called with one image in __getitem__ (a joint image+target "
                   "transform, say), or the chains called stayed plain in the workers (the log says why)")
 
@@ -296,8 +297,11 @@ class ProxiedIterator(wrapt.ObjectProxy):
         except StopIteration:
             return None
         except Exception as exc:  # raised in its place in the batch order, as the DataLoader does
-            dead = self._self_end_if_a_worker_died(wait=1.0 if isinstance(exc, (ConnectionError, EOFError)) else 0.0)
-            if dead and isinstance(exc, (ConnectionError, EOFError)):  # the dead worker's queue, read first
+            # a dead worker's queue or shared-memory server fails before the process is reaped, the
+            # later the more loaded the machine: the worker is given time to show as dead
+            broken = isinstance(exc, (ConnectionError, EOFError))
+            dead = self._self_end_if_a_worker_died(wait=DEATH_SHOWS_WITHIN if broken else 0.0)
+            if dead and broken:  # the dead worker's queue, read first
                 error = RuntimeError(f"DataLoader worker (pid(s) {', '.join(map(str, dead))}) exited unexpectedly")
                 error.__cause__ = exc
                 return _InFlight(error=without_frames(error))
