@@ -18,9 +18,9 @@ off for good (logged once) and the direct launches serve.
 
 CUDA forbids synchronizing a device while one of its streams captures, and the capture is then
 lost too; the training loop may call ``torch.cuda.synchronize`` (or ``empty_cache``, whose frees
-synchronize) on its own thread at any moment. So while the package is enabled those two wait
-for a capture in progress (``CAPTURING``; a capture takes milliseconds), through the patch
-ledger. A reference bound before enable() (``from torch.cuda import synchronize``) is not
+synchronize) on its own thread at any moment. So from the first capture until disable() those
+two wait for a capture in progress (``CAPTURING``; a capture takes milliseconds), through the
+patch ledger. A reference bound before that (``from torch.cuda import synchronize``) is not
 covered.
 """
 from __future__ import annotations
