@@ -41,6 +41,7 @@ from dali_autoproxy.backends.torch_stage.policies import augment
 from dali_autoproxy.backends.torch_stage.registry import FUSED_PAIRS, FUSED_RUNS, TORCH_KERNELS, Batch, uniform
 from dali_autoproxy.backends.torch_stage.tensor_jitter import tensor_color_jitter
 from dali_autoproxy.plan.ir import Crop, Flip, Normalize, PillowReduce, PillowResize, TensorResize, ToCHW, ToFloat
+from dali_autoproxy.plan.pillow_ops import PillowCall
 
 # every module of this package registers its kernels when imported (the Triton ones load lazily)
 for _module in pkgutil.iter_modules(__path__):
@@ -83,6 +84,10 @@ class TorchStage:
         self.pairs = {k: FUSED_PAIRS[pair] for k, pair in enumerate(zip(map(type, self.ops), map(type, self.ops[1:])))
                       if pair in FUSED_PAIRS}  # op k and k + 1 in one kernel where the batch allows
         self.prepared: dict = {}  # what the kernels prepare once for this stage (Batch.prepared)
+        # a recorded transform's call positions hold "none" where its samples made fewer calls (a
+        # joint transform's plan has a few per transform): a position no sample of the batch used
+        # is skipped on one look at its column, not taken through its kernel
+        self.call_columns = {k: op.col("call") for k, op in enumerate(self.ops) if isinstance(op, PillowCall)}
 
     def __call__(self, out: Union[torch.Tensor, List[torch.Tensor]], params) -> Union[torch.Tensor, List[torch.Tensor]]:
         if self.compile_behind and fused_color.usable(_first(out)):
@@ -112,6 +117,10 @@ class TorchStage:
         k = start
         while k < len(self.ops):
             op = self.ops[k]
+            column = self.call_columns.get(k)
+            if column is not None and not batch.host[:, column].any():
+                k += 1
+                continue
             if not op.ragged and not uniform(batch.sizes):
                 return [self._run(*self._sample(x, batch, i), k).squeeze(0) for i in range(x.shape[0])]
             run = FUSED_RUNS.get(type(op))  # a run of ops from here as one (fewer launches and passes)
