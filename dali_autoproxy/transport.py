@@ -22,6 +22,9 @@ from dali_autoproxy.plan.planning import Plan
 
 ENCODED, RAW = "encoded", "raw"  # what a DALI pipeline takes in: JPEG bytes, or HWC uint8 pixels
 SHARED = "shared"  # several groups of one batch made from the same JPEGs: one decode, a branch each
+# a worker's pooled payload buffer (worker/payload_pool.py): a header whose first byte is IN_FLIGHT
+# from the worker's packing until the main process's last reference is gone (then FREE)
+POOL_HEADER, FREE, IN_FLIGHT = 64, 0, 1
 
 # why a sample's image was decoded in the worker (counted per loader in the report)
 WHY_PREFIX = "partial offload: worker steps need pixels"
@@ -61,7 +64,7 @@ class ProxyGroup:
 
     def __init__(self, key: str, kind: str, indices: List[int], payload: torch.Tensor,
                  offsets: np.ndarray, shapes: Optional[np.ndarray], params: np.ndarray,
-                 paths: List[Optional[str]], plan: Optional[Plan] = None):
+                 paths: List[Optional[str]], plan: Optional[Plan] = None, pooled: bool = False):
         self.key = key
         self.kind = kind
         self.plan = plan            # the plan, when the main process may not know it
@@ -71,6 +74,7 @@ class ProxyGroup:
         self.shapes = shapes        # int64 [n, 3] for raw pixels, None for encoded files
         self.params = params        # float64 [n, n_params] (whole numbers are exact)
         self.paths = paths
+        self.pooled = pooled        # the payload is a worker's pooled buffer: the main process frees it
 
     @property
     def members(self) -> List["ProxyGroup"]:

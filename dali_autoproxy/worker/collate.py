@@ -47,6 +47,7 @@ from dali_autoproxy.transport import (
 )
 from dali_autoproxy.tree import Path, flatten, map_leaves, unflatten
 from dali_autoproxy.worker.collate_trace import NotTraceable, trace_collate
+from dali_autoproxy.worker.payload_pool import payload_buffer
 from dali_autoproxy.worker.routing import local
 
 
@@ -172,12 +173,12 @@ def _done(batch: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- packing
-def _uint8_buffer(nbytes: int) -> torch.Tensor:
-    """In a worker, allocate straight in shared memory, so sending it copies nothing."""
+def _uint8_buffer(nbytes: int) -> Tuple[torch.Tensor, bool]:
+    """In a worker, straight in its pooled shared memory, so sending it copies nothing (and
+    whether it is pooled: the main process frees it)."""
     if get_worker_info() is not None:
-        storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
-        return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,))
-    return torch.empty(nbytes, dtype=torch.uint8)
+        return payload_buffer(nbytes), True
+    return torch.empty(nbytes, dtype=torch.uint8), False
 
 
 class _Packed(threading.local):
@@ -185,7 +186,7 @@ class _Packed(threading.local):
     their rows: a later position whose rows are the same JPEGs in the same order (another view
     of each image) takes the same shared-memory tensor, so the bytes travel, and are decoded,
     once. Only inside ``packing_once()``: buffer ids are unique only while one batch is alive."""
-    memo: Optional[Dict[tuple, Tuple[torch.Tensor, np.ndarray]]] = None
+    memo: Optional[Dict[tuple, Tuple[torch.Tensor, np.ndarray, bool]]] = None
 
 
 _packed = _Packed()
@@ -208,23 +209,23 @@ def _pack(key: str, kind: str, indices: List[int], samples: List[ProxySample]) -
     if memo is not None and kind == ENCODED and all(s.source is not None for s in samples):
         sources = tuple((s.source, p.nbytes) for s, p in zip(samples, payloads))
     if sources is not None and sources in memo:
-        buf, offsets = memo[sources]
+        buf, offsets, pooled = memo[sources]
     else:
         sizes = np.fromiter((p.nbytes for p in payloads), dtype=np.int64, count=len(payloads))
         offsets = np.zeros(len(payloads) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
-        buf = _uint8_buffer(int(offsets[-1]))
+        buf, pooled = _uint8_buffer(int(offsets[-1]))
         flat = buf.numpy()
         for p, start, end in zip(payloads, offsets[:-1], offsets[1:]):
             flat[start:end] = p.reshape(-1)
         if sources is not None:
-            memo[sources] = (buf, offsets)
+            memo[sources] = (buf, offsets, pooled)
     shapes = None
     if payloads and payloads[0].ndim == 3:
         shapes = np.array([p.shape for p in payloads], dtype=np.int64)
     params = np.array([s.params for s in samples], dtype=np.float64).reshape(len(samples), -1)
     plan = next((s.plan for s in samples if s.plan is not None), None)
-    return ProxyGroup(key, kind, indices, buf, offsets, shapes, params, [s.path for s in samples], plan)
+    return ProxyGroup(key, kind, indices, buf, offsets, shapes, params, [s.path for s in samples], plan, pooled)
 
 
 def collate_proxy_samples(batch: List[Any], *, collate_fn_map: Optional[Dict] = None) -> ProxyBatch:
