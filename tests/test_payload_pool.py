@@ -52,6 +52,27 @@ def test_a_buffer_is_used_again_only_once_the_main_process_let_go_of_it():
     assert len(pool.buffers) == 3
 
 
+def test_a_forked_child_that_drops_the_payload_does_not_free_it():
+    """A worker forked while the main process holds a payload inherits the reference; the child
+    letting go of it must leave the buffer in flight for the main process."""
+    pool = PayloadPool()
+    payload = pool.take(1000)
+    batch = _batch_of(payload)
+    release_when_gone([batch])
+    pid = os.fork()
+    if pid == 0:  # the child: drops its copy of every reference, as a fork drops other threads' frames
+        del batch, payload
+        gc.collect()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert _flag(payload) == IN_FLIGHT
+    del batch
+    header = torch.empty(0, dtype=torch.uint8).set_(payload.untyped_storage(), 0, (POOL_HEADER,))
+    del payload
+    gc.collect()
+    assert header[0] == FREE
+
+
 def test_the_pool_keeps_within_its_limits(monkeypatch):
     monkeypatch.setattr(payload_pool, "POOL_BUFFERS", 3)
     pool = PayloadPool()

@@ -7,6 +7,7 @@ whichever path the batch took. Until then the worker does not write into the buf
 """
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Iterable
 
@@ -16,8 +17,12 @@ import torch
 from dali_autoproxy.transport import FREE, POOL_HEADER, ProxyBatch
 
 
-def _mark_free(flags: np.ndarray) -> None:
-    flags[0] = FREE
+def _mark_free(flags: np.ndarray, pid: int) -> None:
+    """Free the buffer, in the process that holds the payload only: a worker forked while the
+    main process held it inherits the reference (a pipeline thread's frame, which the fork frees in
+    the child) and must not free the buffer the main process is still reading."""
+    if os.getpid() == pid:
+        flags[0] = FREE
 
 
 def release_when_gone(proxies: Iterable[ProxyBatch]) -> None:
@@ -32,4 +37,4 @@ def release_when_gone(proxies: Iterable[ProxyBatch]) -> None:
                 continue
             seen.add(id(payload))
             header = torch.empty(0, dtype=torch.uint8).set_(payload.untyped_storage(), 0, (POOL_HEADER,))
-            weakref.finalize(payload, _mark_free, header.numpy())
+            weakref.finalize(payload, _mark_free, header.numpy(), os.getpid())
