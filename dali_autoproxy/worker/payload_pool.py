@@ -20,7 +20,7 @@ import torch
 
 from dali_autoproxy.transport import IN_FLIGHT, POOL_HEADER
 
-POOL_BUFFERS = 32  # buffers a worker keeps (those in flight included): more than its batches in flight
+POOL_BUFFERS = 32  # buffers a worker keeps (those in flight included): more than its batches in flight; 0: none
 POOL_BYTES = 1 << 30  # past this, a worker keeps no free buffer (what is in flight is in flight anyway)
 MIN_CAPACITY = 256 << 10  # a buffer's smallest size: small batches' bytes vary more than an eighth
 
@@ -48,7 +48,10 @@ class PayloadPool:
 
     def take(self, nbytes: int) -> torch.Tensor:
         self.taken += 1
-        buffer = self._free_buffer(nbytes) or self._new_buffer(nbytes)
+        if POOL_BUFFERS <= 0:  # every batch a new buffer (benchmarks compare it)
+            buffer = _Buffer(nbytes)
+        else:
+            buffer = self._free_buffer(nbytes) or self._new_buffer(nbytes)
         buffer.flags[0] = IN_FLIGHT
         return torch.empty(0, dtype=torch.uint8).set_(buffer.storage, POOL_HEADER, (nbytes,))
 
