@@ -223,3 +223,20 @@ def test_recipes_steady_runs_both_arms_over_two_epochs(tmp_path):
     assert auto["proxied"] and auto["decode"] == "DALI 100%"
     assert "| segmentation | 2 | 2 |" in (tmp_path / "recipes.md").read_text()
     assert "autoproxy_dali_resize / plain" in (tmp_path / "recipes.md").read_text()
+
+
+def test_worker_cost_measures_every_mode(tmp_path):
+    """The worker CPU benchmark: each mode in its own process, the worker's CPU per sample, plain
+    torchvision's far above autoproxy's (it decodes and resizes; autoproxy's worker does neither)."""
+    out = tmp_path / "worker_cost.json"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "worker_cost.py"), "--corpus", str(tmp_path / "c"),
+           "--images", "32", "--samples", "64", "--batch", "16", "--repeat", "1", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    data = json.loads(out.read_text())
+    assert data["commit"] and "worker's user + system CPU" in data["method"]
+    rows = {r["mode"]: r for r in data["results"]}
+    assert set(rows) == {"torchvision", "autoproxy", "autoproxy_new_buffers"}
+    assert all(r["us_per_sample"] > 0 for r in rows.values())
+    assert rows["torchvision"]["us_per_sample"] > 2 * rows["autoproxy"]["us_per_sample"]
+    assert "| autoproxy_new_buffers |" in (tmp_path / "worker_cost.md").read_text()
