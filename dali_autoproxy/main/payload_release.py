@@ -33,7 +33,7 @@ def release_when_gone(proxies: Iterable[ProxyBatch]) -> None:
     for pb in proxies:
         for group in pb.groups:
             payload = group.payload
-            if not getattr(group, "pooled", False) or id(payload) in seen:
+            if not group.pooled or id(payload) in seen:
                 continue
             seen.add(id(payload))
             header = torch.empty(0, dtype=torch.uint8).set_(payload.untyped_storage(), 0, (POOL_HEADER,))
