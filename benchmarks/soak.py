@@ -103,6 +103,9 @@ def main(argv=None) -> int:
     dali_autoproxy.disable()  # closes the pipelines kept for a next loader of the same plan
     gc.collect()
     steady = rows[a.warmup_epochs:] if len(rows) > a.warmup_epochs + 1 else rows
+    # a leak grows every epoch; an allocator's capacity step (DALI's buffers, a heap that cannot
+    # shrink past a live block) lands in one epoch and can swing back: thirds of three epochs or
+    # more, compared by their medians, see the first and not the second
     third = max(1, len(steady) // 3)
     median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     summary = {"epochs": len(rows), "images": info["images"], "device": a.device,
