@@ -13,6 +13,7 @@ in the worker; they travel as finished tensors and are merged back in place.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -23,8 +24,10 @@ from dali_autoproxy.plan.planning import Plan
 ENCODED, RAW = "encoded", "raw"  # what a DALI pipeline takes in: JPEG bytes, or HWC uint8 pixels
 SHARED = "shared"  # several groups of one batch made from the same JPEGs: one decode, a branch each
 # a worker's pooled payload buffer (worker/payload_pool.py): a header whose first byte is IN_FLIGHT
-# from the worker's packing until the main process's last reference is gone (then FREE)
+# from the worker's packing until the main process's last reference is gone (then FREE), and whose
+# second is RETIRED once the worker has dropped the buffer from its pool (the main process unmaps it)
 POOL_HEADER, FREE, IN_FLIGHT = 64, 0, 1
+RETIRED_AT, RETIRED = 1, 1
 
 # why a sample's image was decoded in the worker (counted per loader in the report)
 WHY_PREFIX = "partial offload: worker steps need pixels"
@@ -59,12 +62,24 @@ class ProxySample:
         return f"ProxySample(plan={self.key}, {self.kind}, path={self.path!r}, done={self.done is not None})"
 
 
+class PoolSlot:
+    """Where a group's payload lies in its worker's pool (``worker/payload_pool.py``): the buffer
+    (the worker's pid and the buffer's serial) and the payload's length. A buffer's first trip
+    carries its tensor; once the main process has that buffer mapped (``known``), the group
+    travels with this slot alone and the main process finds the bytes by it
+    (``main/payload_release.py``): no file descriptor or shared-memory file is passed again."""
+    __slots__ = ("pid", "serial", "nbytes", "known")
+
+    def __init__(self, pid: int, serial: int, nbytes: int, known: bool):
+        self.pid, self.serial, self.nbytes, self.known = pid, serial, nbytes, known
+
+
 class ProxyGroup:
     """The samples of one batch that share a plan and an input kind (and so a DALI pipeline)."""
 
-    def __init__(self, key: str, kind: str, indices: List[int], payload: torch.Tensor,
+    def __init__(self, key: str, kind: str, indices: List[int], payload: Optional[torch.Tensor],
                  offsets: np.ndarray, shapes: Optional[np.ndarray], params: np.ndarray,
-                 paths: List[Optional[str]], plan: Optional[Plan] = None, pooled: bool = False):
+                 paths: List[Optional[str]], plan: Optional[Plan] = None, pool: Optional[PoolSlot] = None):
         self.key = key
         self.kind = kind
         self.plan = plan            # the plan, when the main process may not know it
@@ -74,7 +89,19 @@ class ProxyGroup:
         self.shapes = shapes        # int64 [n, 3] for raw pixels, None for encoded files
         self.params = params        # float64 [n, n_params] (whole numbers are exact)
         self.paths = paths
-        self.pooled = pooled        # the payload is a worker's pooled buffer: the main process frees it
+        self.pool = pool            # where in its worker's pool the payload lies (None: not pooled)
+
+    @property
+    def pooled(self) -> bool:
+        """The payload is in a worker's pooled buffer: the main process frees it."""
+        return self.pool is not None
+
+    def __getstate__(self) -> dict:
+        """As the worker that packed it sends it: without the payload when the main process has
+        its buffer mapped already (the slot finds it there)."""
+        if self.pool is None or not self.pool.known or self.pool.pid != os.getpid():
+            return self.__dict__
+        return dict(self.__dict__, payload=None)
 
     @property
     def members(self) -> List["ProxyGroup"]:

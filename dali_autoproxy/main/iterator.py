@@ -25,7 +25,7 @@ from dali_autoproxy.main.collate import find_proxy_batches, finish, on_device, p
 from dali_autoproxy.main.cpu_fallback import replay_group
 from dali_autoproxy.main.decision import Decision, chain_names, decide, max_batch_size
 from dali_autoproxy.main.errors import raised_here, without_frames
-from dali_autoproxy.main.payload_release import release_when_gone
+from dali_autoproxy.main.payload_release import PooledPayloads
 from dali_autoproxy.main.runs import Part, RunQueue, batches_per_run, runs_behind
 from dali_autoproxy.main.state import GeneratorStates, LoaderState, RunnerKey, output_device
 from dali_autoproxy.plan.settings import SETTINGS
@@ -195,6 +195,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_runs = RunQueue(self._self_runners, per_run, runs_behind(options.lookahead, per_run),
                                    self._self_timeout)
         self._self_collate = on_device(decision.collate) if decision.collate is not None else None
+        self._self_payloads = PooledPayloads()
         weakref.finalize(self, state.give_back, self._self_runners)
 
     # -- runners
@@ -314,7 +315,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
             self._self_state.count_worker_decodes(batch.decoded)
             batch = batch.batch
         proxies = find_proxy_batches(batch)
-        release_when_gone(proxies)
+        self._self_payloads.receive(proxies)
         units = pipeline_units(proxies, self._self_share)
         parts: List[Optional[Part]] = []
         for unit in units:  # a unit without a pipeline (it could not be built) is computed on the CPU

@@ -1,20 +1,26 @@
-"""Handing a worker's pooled payload buffer back (``worker/payload_pool.py``).
+"""The workers' pooled payload buffers (``worker/payload_pool.py``) on the main process's side:
+kept mapped, found again by their slot, and handed back.
 
-The main process clears the buffer's in-flight byte when its last reference to the payload
-tensor is gone: after DALI has read the bytes (the pipeline keeps the payload until its
-outputs are out), after a CPU replay of the batch, and after the batch's groups are dropped,
-whichever path the batch took. Until then the worker does not write into the buffer again.
+A buffer's first trip brings its tensor (its file descriptor or shared-memory file, mapped as
+the batch is unpickled); the iterator keeps the whole buffer mapped, so a later trip of the same
+buffer brings only its ``PoolSlot`` and costs no mapping. It unmaps the buffers its workers have
+retired, and all of them with the iterator.
+
+The main process clears a buffer's in-flight byte when its last reference to the payload tensor
+is gone: after DALI has read the bytes (the pipeline keeps the payload until its outputs are
+out), after a CPU replay of the batch, and after the batch's groups are dropped, whichever path
+the batch took. Until then the worker does not write into the buffer again.
 """
 from __future__ import annotations
 
 import os
 import weakref
-from typing import Iterable
+from typing import Dict, Iterable, Optional, Tuple
 
 import numpy as np
 import torch
 
-from dali_autoproxy.transport import FREE, POOL_HEADER, ProxyBatch
+from dali_autoproxy.transport import FREE, POOL_HEADER, RETIRED, RETIRED_AT, PoolSlot, ProxyBatch
 
 
 def _mark_free(flags: np.ndarray, pid: int) -> None:
@@ -25,16 +31,54 @@ def _mark_free(flags: np.ndarray, pid: int) -> None:
         flags[0] = FREE
 
 
-def release_when_gone(proxies: Iterable[ProxyBatch]) -> None:
-    """For each pooled payload of the batches' groups (a payload several groups share, once):
-    free its buffer when the payload tensor is freed. The callback holds a view of the header
-    alone, so the buffer stays mapped until the byte is written, and is not kept beyond."""
-    seen = set()
-    for pb in proxies:
-        for group in pb.groups:
-            payload = group.payload
-            if not group.pooled or id(payload) in seen:
-                continue
-            seen.add(id(payload))
-            header = torch.empty(0, dtype=torch.uint8).set_(payload.untyped_storage(), 0, (POOL_HEADER,))
-            weakref.finalize(payload, _mark_free, header.numpy(), os.getpid())
+class _Mapped:
+    __slots__ = ("buffer", "flags")
+
+    def __init__(self, storage: torch.UntypedStorage):
+        self.buffer = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
+        self.flags = self.buffer[:POOL_HEADER].numpy()
+
+
+class PooledPayloads:
+    """One iterator's view of its workers' pools: the buffers it was sent, by (pid, serial)."""
+
+    def __init__(self) -> None:
+        self.mapped: Dict[Tuple[int, int], _Mapped] = {}
+
+    def receive(self, proxies: Iterable[ProxyBatch]) -> None:
+        """Give each pooled group of the batches its payload (a payload several groups share:
+        one tensor), and free each payload's buffer when that tensor is freed. The callback
+        holds a view of the header alone, so it keeps no more than the header alive."""
+        payloads: Dict[int, torch.Tensor] = {}  # id(slot): the payload (views of one image share a slot)
+        for pb in proxies:
+            for group in pb.groups:
+                slot = group.pool
+                if slot is None:
+                    continue
+                payload = payloads.get(id(slot))
+                if payload is None:
+                    payload = payloads[id(slot)] = self._payload(group.payload, slot)
+                    header = torch.empty(0, dtype=torch.uint8).set_(payload.untyped_storage(), 0, (POOL_HEADER,))
+                    weakref.finalize(payload, _mark_free, header.numpy(), os.getpid())
+                group.payload = payload
+
+    def _payload(self, sent: Optional[torch.Tensor], slot: PoolSlot) -> torch.Tensor:
+        key = (slot.pid, slot.serial)
+        if sent is not None:  # the buffer's first trip: kept mapped unless its worker keeps it no more
+            mapped = _Mapped(sent.untyped_storage())
+            if mapped.flags[RETIRED_AT] != RETIRED:
+                self._unmap_retired(slot.pid)  # a worker retires a buffer as it makes a new one
+                self.mapped[key] = mapped
+            return sent
+        mapped = self.mapped.get(key)
+        if mapped is None:
+            raise RuntimeError(f"dali_autoproxy: worker {slot.pid} sent buffer {slot.serial} by its slot, "
+                               "but it never arrived here")
+        return mapped.buffer[POOL_HEADER:POOL_HEADER + slot.nbytes]
+
+    def _unmap_retired(self, pid: int) -> None:
+        """Unmap the worker's retired buffers. Only that worker's: its batches reach the iterator
+        in the order it sent them, so a batch still to come that uses one of its buffers by slot
+        was sent before the buffer was retired, and before this buffer's first trip."""
+        for key in [k for k, m in self.mapped.items() if k[0] == pid and m.flags[RETIRED_AT] == RETIRED]:
+            del self.mapped[key]

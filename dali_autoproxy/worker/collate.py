@@ -38,6 +38,7 @@ from dali_autoproxy.transport import (
     COLLATES_WITH_EQUIVALENTS,
     ENCODED,
     InlineTensor,
+    PoolSlot,
     ProxyBatch,
     ProxyCollated,
     ProxyGroup,
@@ -173,12 +174,12 @@ def _done(batch: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- packing
-def _uint8_buffer(nbytes: int) -> Tuple[torch.Tensor, bool]:
-    """In a worker, straight in its pooled shared memory, so sending it copies nothing (and
-    whether it is pooled: the main process frees it)."""
+def _uint8_buffer(nbytes: int) -> Tuple[torch.Tensor, Optional[PoolSlot]]:
+    """In a worker, straight in its pooled shared memory, so sending it copies nothing (and where
+    in the pool: the main process frees it)."""
     if get_worker_info() is not None:
-        return payload_buffer(nbytes), True
-    return torch.empty(nbytes, dtype=torch.uint8), False
+        return payload_buffer(nbytes)
+    return torch.empty(nbytes, dtype=torch.uint8), None
 
 
 class _Packed(threading.local):
@@ -186,7 +187,7 @@ class _Packed(threading.local):
     their rows: a later position whose rows are the same JPEGs in the same order (another view
     of each image) takes the same shared-memory tensor, so the bytes travel, and are decoded,
     once. Only inside ``packing_once()``: buffer ids are unique only while one batch is alive."""
-    memo: Optional[Dict[tuple, Tuple[torch.Tensor, np.ndarray, bool]]] = None
+    memo: Optional[Dict[tuple, Tuple[torch.Tensor, np.ndarray, Optional[PoolSlot]]]] = None
 
 
 _packed = _Packed()
@@ -209,23 +210,23 @@ def _pack(key: str, kind: str, indices: List[int], samples: List[ProxySample]) -
     if memo is not None and kind == ENCODED and all(s.source is not None for s in samples):
         sources = tuple((s.source, p.nbytes) for s, p in zip(samples, payloads))
     if sources is not None and sources in memo:
-        buf, offsets, pooled = memo[sources]
+        buf, offsets, place = memo[sources]
     else:
         sizes = np.fromiter((p.nbytes for p in payloads), dtype=np.int64, count=len(payloads))
         offsets = np.zeros(len(payloads) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
-        buf, pooled = _uint8_buffer(int(offsets[-1]))
+        buf, place = _uint8_buffer(int(offsets[-1]))
         flat = buf.numpy()
         for p, start, end in zip(payloads, offsets[:-1], offsets[1:]):
             flat[start:end] = p.reshape(-1)
         if sources is not None:
-            memo[sources] = (buf, offsets, pooled)
+            memo[sources] = (buf, offsets, place)
     shapes = None
     if payloads and payloads[0].ndim == 3:
         shapes = np.array([p.shape for p in payloads], dtype=np.int64)
     params = np.array([s.params for s in samples], dtype=np.float64).reshape(len(samples), -1)
     plan = next((s.plan for s in samples if s.plan is not None), None)
-    return ProxyGroup(key, kind, indices, buf, offsets, shapes, params, [s.path for s in samples], plan, pooled)
+    return ProxyGroup(key, kind, indices, buf, offsets, shapes, params, [s.path for s in samples], plan, place)
 
 
 def collate_proxy_samples(batch: List[Any], *, collate_fn_map: Optional[Dict] = None) -> ProxyBatch:

@@ -11,31 +11,46 @@ gone (``main/payload_release.py``), which is after DALI has read it and after an
 its batch. A buffer the main process never clears (its batch was dropped unread, the loop still
 holds it) is simply not used again: the worker allocates another one, as it would without the
 pool.
+
+A buffer's first trip passes it to the main process (a file descriptor, or a shared-memory
+file's name, which the main process maps); the main process keeps it mapped, so the later trips
+of a buffer it has let go of carry only its ``PoolSlot``. A buffer the worker drops from its pool
+is marked ``RETIRED`` in its header's second byte, and the main process unmaps it.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+import itertools
+import os
+from typing import List, Optional, Tuple
 
 import torch
 
-from dali_autoproxy.transport import IN_FLIGHT, POOL_HEADER
+from dali_autoproxy.transport import IN_FLIGHT, POOL_HEADER, RETIRED, RETIRED_AT, PoolSlot
 
 POOL_BUFFERS = 32  # buffers a worker keeps (those in flight included): more than its batches in flight; 0: none
 POOL_BYTES = 1 << 30  # past this, a worker keeps no free buffer (what is in flight is in flight anyway)
 MIN_CAPACITY = 256 << 10  # a buffer's smallest size: small batches' bytes vary more than an eighth
 
 
+_serials = itertools.count()
+
+
 class _Buffer:
-    __slots__ = ("storage", "flags", "capacity")
+    __slots__ = ("storage", "flags", "capacity", "serial", "sent")
 
     def __init__(self, capacity: int) -> None:
         self.storage = torch.UntypedStorage._new_shared(POOL_HEADER + capacity)
         self.flags = torch.empty(0, dtype=torch.uint8).set_(self.storage, 0, (POOL_HEADER,)).numpy()
         self.capacity = capacity
+        self.serial = next(_serials)
+        self.sent = False  # packed into before: the main process has it mapped once it is free again
 
     @property
     def free(self) -> bool:
         return self.flags[0] != IN_FLIGHT
+
+    def retire(self) -> None:
+        self.flags[RETIRED_AT] = RETIRED
 
 
 class PayloadPool:
@@ -46,14 +61,17 @@ class PayloadPool:
         self.buffers: List[_Buffer] = []
         self.taken = 0  # payloads packed
 
-    def take(self, nbytes: int) -> torch.Tensor:
+    def take(self, nbytes: int) -> Tuple[torch.Tensor, PoolSlot]:
         self.taken += 1
-        if POOL_BUFFERS <= 0:  # every batch a new buffer (benchmarks compare it)
+        if POOL_BUFFERS <= 0:  # every batch a new buffer (benchmarks compare it), kept by no pool
             buffer = _Buffer(nbytes)
+            buffer.retire()
         else:
             buffer = self._free_buffer(nbytes) or self._new_buffer(nbytes)
         buffer.flags[0] = IN_FLIGHT
-        return torch.empty(0, dtype=torch.uint8).set_(buffer.storage, POOL_HEADER, (nbytes,))
+        slot = PoolSlot(os.getpid(), buffer.serial, nbytes, known=buffer.sent)
+        buffer.sent = True
+        return torch.empty(0, dtype=torch.uint8).set_(buffer.storage, POOL_HEADER, (nbytes,)), slot
 
     def _free_buffer(self, nbytes: int) -> Optional[_Buffer]:
         fits = [b for b in self.buffers if b.capacity >= nbytes and b.free]
@@ -68,7 +86,9 @@ class PayloadPool:
             free = [b for b in self.buffers if b.free]
             if not free and len(self.buffers) < POOL_BUFFERS:
                 break  # only buffers in flight: their memory is in use whatever the pool keeps
-            self.buffers.remove(min(free, key=lambda b: b.capacity) if free else self.buffers[0])
+            dropped = min(free, key=lambda b: b.capacity) if free else self.buffers[0]
+            self.buffers.remove(dropped)
+            dropped.retire()
         buffer = _Buffer(capacity)
         self.buffers.append(buffer)
         return buffer
@@ -77,8 +97,9 @@ class PayloadPool:
 _pool: Optional[PayloadPool] = None  # made in the worker that packs (the main process never has one)
 
 
-def payload_buffer(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of the worker's pooled shared memory, in flight until the main process lets go."""
+def payload_buffer(nbytes: int) -> Tuple[torch.Tensor, PoolSlot]:
+    """``nbytes`` of the worker's pooled shared memory, in flight until the main process lets go,
+    and where it lies."""
     global _pool
     if _pool is None:
         _pool = PayloadPool()
