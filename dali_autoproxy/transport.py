@@ -203,6 +203,10 @@ class InlineTensor:
     def tensor(self) -> torch.Tensor:
         return torch.from_numpy(self.array)
 
+    def pin_memory(self) -> torch.Tensor:
+        """What the loader's pin thread calls: the tensor, pinned as it would have been."""
+        return self.tensor().pin_memory()
+
 
 class Slot:
     """Where a proxied image goes back: row ``row`` of the ``batch``-th ProxyBatch."""

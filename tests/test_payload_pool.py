@@ -186,3 +186,39 @@ def test_buffers_the_main_process_holds_are_never_written_into(photo_root, monke
     assert sum(taken for taken, _ in counts) == 2 * len(ds) // 2
     assert all(buffers < taken for taken, buffers in counts), counts
     assert sum(by_slot) == len(by_slot) - sum(buffers for _, buffers in counts)  # every trip after a buffer's first
+
+
+class _WithTargets(torch.utils.data.Dataset):
+    """An image with its label, a small mask and a large tensor (past ``INLINE_BYTES`` once stacked)."""
+
+    def __init__(self, root, chain):
+        self.folder = image_folder(root, chain)
+
+    def __len__(self):
+        return len(self.folder)
+
+    def __getitem__(self, i):
+        image, label = self.folder[i]
+        g = torch.Generator().manual_seed(i)
+        return {"image": image, "label": label, "mask": torch.randint(0, 255, (32, 32), dtype=torch.uint8, generator=g),
+                "large": torch.rand(200, 200, generator=g)}
+
+
+def test_a_batchs_small_tensors_travel_inline_and_come_back_as_plains(photo_root):
+    """Labels and small masks cross inside the batch's pickle (no shared-memory file each), a
+    large tensor as plain sends it; the batches are plain's over two epochs."""
+    import dali_autoproxy
+    chain = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.PILToTensor()])
+    ds = _WithTargets(photo_root, chain)
+    ref = load_all(ds, autoproxy=False, batch_size=2, shuffle=True, epochs=2)
+    out = load_all(ds, autoproxy=True, batch_size=2, shuffle=True, epochs=2, strict=True)
+    assert len(ref) == len(out)
+    for a, b in zip(ref, out):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+    dali_autoproxy.enable(device="cpu", strict=True, log_level="WARNING")
+    try:
+        shared = [(b["label"].is_shared(), b["mask"].is_shared(), b["large"].is_shared())
+                  for b in torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2)]
+    finally:
+        dali_autoproxy.disable()
+    assert shared and all(s == (False, False, True) for s in shared), shared

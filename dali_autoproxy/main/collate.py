@@ -76,8 +76,11 @@ def find_proxy_batches(batch: Any) -> List[ProxyBatch]:
 
 
 def put_back(batch: Any, tensors: Dict[int, Any]) -> Any:
-    """The batch with each ProxyBatch replaced by its tensor (``tensors`` by the ProxyBatch's id)."""
-    return map_leaves(batch, lambda _, pb: tensors[id(pb)], lambda x: isinstance(x, ProxyBatch))
+    """The batch with each ProxyBatch replaced by its tensor (``tensors`` by the ProxyBatch's id),
+    and each small tensor that travelled inline a tensor again."""
+    def put(_: Any, leaf: Any) -> Any:
+        return tensors[id(leaf)] if type(leaf) is ProxyBatch else leaf.tensor()
+    return map_leaves(batch, put, lambda x: isinstance(x, (ProxyBatch, InlineTensor)))
 
 
 def _timm_fast_collate(original: Callable) -> Callable:

@@ -31,12 +31,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
-from torch.utils.data._utils.collate import default_collate_fn_map
+from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
 from dali_autoproxy.config import logger
 from dali_autoproxy.transport import (
     COLLATES_WITH_EQUIVALENTS,
     ENCODED,
+    INLINE_BYTES,
     InlineTensor,
     PoolSlot,
     ProxyBatch,
@@ -156,14 +157,39 @@ def mixed_to_samples(data: List[Any]) -> List[Any]:
 
 class DefaultCollate:
     """default_collate in a proxied loader's workers, able to batch a mix of proxied and finished
-    samples at one place (default_collate picks its handler from the first sample only)."""
+    samples at one place (default_collate picks its handler from the first sample only). In a
+    worker the batch's small tensors (labels, a small batch's masks) travel inside its pickle
+    (``InlineTensor``), so that a batch crosses to the main process without a shared-memory file
+    per tensor; the main process makes them tensors again (``main/collate.put_back``, or the pin
+    thread pins them as it would have)."""
 
     def __call__(self, data: List[Any]) -> Any:
+        in_worker = get_worker_info() is not None
         with packing_once():
             try:
-                return _done(default_collate(data))
+                batch = _collate(data, in_worker)
             except TypeError:
-                return _done(default_collate(mixed_to_samples(data)))
+                batch = _collate(mixed_to_samples(data), in_worker)
+        if in_worker:
+            batch = map_leaves(batch, lambda _, t: InlineTensor(t), InlineTensor.fits)
+        return _done(batch)
+
+
+def _stack_small_in_private_memory(batch: List[torch.Tensor], *,
+                                   collate_fn_map: Optional[Dict] = None) -> torch.Tensor:
+    """default_collate's tensor handler, but a stack small enough to travel inline is made in the
+    worker's own memory, not in a shared-memory file it would not use."""
+    if batch[0].numel() * batch[0].element_size() * len(batch) <= INLINE_BYTES:
+        return torch.stack(batch, 0)
+    return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+
+
+def _collate(data: List[Any], in_worker: bool) -> Any:
+    if not in_worker:
+        return default_collate(data)
+    handlers = dict(default_collate_fn_map)  # read at each call: handlers registered later count
+    handlers[torch.Tensor] = _stack_small_in_private_memory
+    return collate(data, collate_fn_map=handlers)
 
 
 def _done(batch: Any) -> Any:
