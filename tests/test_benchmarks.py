@@ -225,6 +225,22 @@ def test_recipes_steady_runs_both_arms_over_two_epochs(tmp_path):
     assert "autoproxy_dali_resize / plain" in (tmp_path / "recipes.md").read_text()
 
 
+def test_main_cost_measures_every_mode(tmp_path):
+    """The main-process benchmark: each mode in its own process, the loop thread's CPU per batch
+    over the second epoch's middle, every autoproxy mode on DALI (strict)."""
+    out = tmp_path / "main_cost.json"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "main_cost.py"), "--coco", str(tmp_path / "c"),
+           "--images", "64", "--repeat", "1", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    data = json.loads(out.read_text())
+    assert data["commit"] and "loop thread's CPU" in data["method"]
+    rows = {r["mode"]: r for r in data["results"]}
+    assert set(rows) == {"torchvision", "autoproxy", "autoproxy_shared_files"}
+    assert all(r["us_per_batch"] > 0 for r in rows.values())
+    assert "| autoproxy_shared_files |" in (tmp_path / "main_cost.md").read_text()
+
+
 def test_worker_cost_measures_every_mode(tmp_path):
     """The worker CPU benchmark: each mode in its own process, the worker's CPU per sample, plain
     torchvision's far above autoproxy's (it decodes and resizes; autoproxy's worker does neither)."""
