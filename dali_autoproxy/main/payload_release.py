@@ -47,8 +47,8 @@ class PooledPayloads:
 
     def receive(self, proxies: Iterable[ProxyBatch]) -> None:
         """Give each pooled group of the batches its payload (a payload several groups share:
-        one tensor), and free each payload's buffer when that tensor is freed. The callback
-        holds a view of the header alone, so it keeps no more than the header alive."""
+        one tensor), and free each payload's buffer when that tensor is freed (the callback
+        holds the buffer's header, as a numpy view: mapped until the byte is written)."""
         payloads: Dict[int, torch.Tensor] = {}  # id(slot): the payload (views of one image share a slot)
         for pb in proxies:
             for group in pb.groups:
@@ -57,24 +57,24 @@ class PooledPayloads:
                     continue
                 payload = payloads.get(id(slot))
                 if payload is None:
-                    payload = payloads[id(slot)] = self._payload(group.payload, slot)
-                    header = torch.empty(0, dtype=torch.uint8).set_(payload.untyped_storage(), 0, (POOL_HEADER,))
-                    weakref.finalize(payload, _mark_free, header.numpy(), os.getpid())
+                    payload, mapped = self._payload(group.payload, slot)
+                    payloads[id(slot)] = payload
+                    weakref.finalize(payload, _mark_free, mapped.flags, os.getpid())
                 group.payload = payload
 
-    def _payload(self, sent: Optional[torch.Tensor], slot: PoolSlot) -> torch.Tensor:
+    def _payload(self, sent: Optional[torch.Tensor], slot: PoolSlot) -> Tuple[torch.Tensor, _Mapped]:
         key = (slot.pid, slot.serial)
         if sent is not None:  # the buffer's first trip: kept mapped unless its worker keeps it no more
             mapped = _Mapped(sent.untyped_storage())
             if mapped.flags[RETIRED_AT] != RETIRED:
                 self._unmap_retired(slot.pid)  # a worker retires a buffer as it makes a new one
                 self.mapped[key] = mapped
-            return sent
+            return sent, mapped
         mapped = self.mapped.get(key)
         if mapped is None:
             raise RuntimeError(f"dali_autoproxy: worker {slot.pid} sent buffer {slot.serial} by its slot, "
                                "but it never arrived here")
-        return mapped.buffer[POOL_HEADER:POOL_HEADER + slot.nbytes]
+        return mapped.buffer[POOL_HEADER:POOL_HEADER + slot.nbytes], mapped
 
     def _unmap_retired(self, pid: int) -> None:
         """Unmap the worker's retired buffers. Only that worker's: its batches reach the iterator
