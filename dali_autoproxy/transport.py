@@ -198,7 +198,8 @@ class InlineTensor:
     @staticmethod
     def fits(x: Any) -> bool:
         return (type(x) is torch.Tensor and x.device.type == "cpu" and x.layout == torch.strided
-                and not x.requires_grad and x.dtype in _NUMPY_DTYPES and x.numel() * x.element_size() <= INLINE_BYTES)
+                and not x.is_nested and not x.requires_grad and x.dtype in _NUMPY_DTYPES
+                and x.numel() * x.element_size() <= INLINE_BYTES)
 
     def tensor(self) -> torch.Tensor:
         return torch.from_numpy(self.array)

@@ -222,3 +222,23 @@ def test_a_batchs_small_tensors_travel_inline_and_come_back_as_plains(photo_root
     finally:
         dali_autoproxy.disable()
     assert shared and all(s == (False, False, True) for s in shared), shared
+
+
+class _WithSparse(_WithTargets):
+    def __getitem__(self, i):
+        sample = super().__getitem__(i)
+        return {"image": sample["image"], "sparse": torch.eye(3).to_sparse()}
+
+
+def test_what_default_collate_refuses_it_still_refuses_with_plains_error(photo_root):
+    """The small-tensor path leaves default_collate's refusals alone: a batch of sparse tensors
+    raises plain's error, through the DataLoader's worker error, proxied or not."""
+    import pytest
+    chain = T.Compose([T.RandomResizedCrop(48), T.PILToTensor()])
+    ds = _WithSparse(photo_root, chain)
+    errors = []
+    for autoproxy in (False, True):
+        with pytest.raises(RuntimeError) as raised:
+            load_all(ds, autoproxy=autoproxy, batch_size=2, epochs=1)
+        errors.append(str(raised.value).strip().splitlines()[-1])
+    assert errors[0] == errors[1] and "sparse" in errors[0], errors

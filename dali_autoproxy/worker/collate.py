@@ -178,8 +178,10 @@ class DefaultCollate:
 def _stack_small_in_private_memory(batch: List[torch.Tensor], *,
                                    collate_fn_map: Optional[Dict] = None) -> torch.Tensor:
     """default_collate's tensor handler, but a stack small enough to travel inline is made in the
-    worker's own memory, not in a shared-memory file it would not use."""
-    if batch[0].numel() * batch[0].element_size() * len(batch) <= INLINE_BYTES:
+    worker's own memory, not in a shared-memory file it would not use (anything else, nested and
+    sparse tensors with their errors included, as default_collate does it)."""
+    elem = batch[0]
+    if InlineTensor.fits(elem) and elem.numel() * elem.element_size() * len(batch) <= INLINE_BYTES:
         return torch.stack(batch, 0)
     return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
