@@ -3,10 +3,12 @@
 In the worker, a recognised chain's call returns a :class:`ProxySample` (``worker/proxy_node.py``):
 the image's encoded JPEG bytes or its pixels, plus the per-sample params drawn with
 torchvision's RNG calls. The worker's collate (``worker/collate.py``) batches those into one
-:class:`ProxyBatch`, whose bytes sit in a single shared-memory tensor per group: one file
-descriptor per batch, no pickling of image data. The batch then travels through the
-DataLoader's own result queue, so ordering, timeouts and worker errors are the DataLoader's;
-the main process (``main/iterator.py``) runs DALI on it.
+:class:`ProxyBatch`, whose bytes sit in a single shared-memory tensor per group, in a buffer the
+worker uses again (no pickling of image data; once the main process has the buffer mapped, only
+its :class:`PoolSlot` travels), and whose small tensors travel inside the pickle
+(:class:`InlineTensor`). The batch then travels through the DataLoader's own result queue, so
+ordering, timeouts and worker errors are the DataLoader's; the main process
+(``main/iterator.py``) runs DALI on it.
 
 Samples DALI should not see (PNG, CMYK, a tensor input...) take the original chain on the CPU
 in the worker; they travel as finished tensors and are merged back in place.
