@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -80,23 +79,15 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     sys.path.insert(0, HERE)
     if a.mode:
-        print("US " + json.dumps(run_mode(a.mode, a.coco, a.images, a.batch, a.workers)), flush=True)
+        print("FIGURE " + json.dumps(run_mode(a.mode, a.coco, a.images, a.batch, a.workers)), flush=True)
         return 0
     from detection_benchmark import make_set
-    from results_io import measured_commit, write_results
+    from results_io import interleaved_runs, measured_commit, write_results
     make_set(a.coco, a.images)
-    runs = {m: [] for m in a.modes}
-    for _ in range(a.repeat):
-        for mode in a.modes:
-            done = subprocess.run([sys.executable, os.path.abspath(__file__), "--mode", mode, "--coco", a.coco,
-                                   "--images", str(a.images), "--batch", str(a.batch), "--workers", str(a.workers)],
-                                  capture_output=True, text=True, timeout=1200)
-            found = [line[3:] for line in done.stdout.splitlines() if line.startswith("US ")]
-            if not found:
-                print(done.stderr[-2000:], file=sys.stderr)
-                return 1
-            runs[mode].append(round(json.loads(found[0]), 1))
-            print(mode, runs[mode][-1], flush=True)
+    runs = interleaved_runs(__file__, a.modes, a.repeat, ["--coco", a.coco, "--images", str(a.images),
+                                                          "--batch", str(a.batch), "--workers", str(a.workers)])
+    if runs is None:
+        return 1
     rows = [{"mode": m, "us_per_batch": statistics.median(v), "runs": v} for m, v in runs.items()]
     text = table(rows)
     print(text)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from typing import Any
+import sys
+from typing import Any, Dict, List, Optional
 
 
 def measured_commit() -> str:
@@ -25,3 +26,22 @@ def write_results(out: str, payload: Any, table: str) -> str:
     with open(stem + ".md", "w") as f:
         f.write(table + "\n")
     return stem
+
+
+def interleaved_runs(script: str, modes: List[str], repeat: int, args: List[str],
+                     timeout: int = 1200) -> Optional[Dict[str, List[float]]]:
+    """Each mode's figure, ``repeat`` rounds of every mode in turn, each run a process of its own:
+    ``script --mode MODE *args``, which prints its figure as one ``FIGURE <json>`` line. None when a
+    run printed none (its stderr's end is printed)."""
+    runs: Dict[str, List[float]] = {m: [] for m in modes}
+    for _ in range(repeat):
+        for mode in modes:
+            done = subprocess.run([sys.executable, os.path.abspath(script), "--mode", mode, *args],
+                                  capture_output=True, text=True, timeout=timeout)
+            found = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("FIGURE ")]
+            if not found:
+                print(done.stderr[-2000:], file=sys.stderr)
+                return None
+            runs[mode].append(round(json.loads(found[0]), 1))
+            print(mode, runs[mode][-1], flush=True)
+    return runs
