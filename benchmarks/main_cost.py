@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -56,16 +55,6 @@ def run_mode(mode: str, coco: str, images: int, batch: int, workers: int) -> flo
     return 1e6 * cpu / (total - 2 * warm)
 
 
-def table(rows: list) -> str:
-    lines = ["| mode | loop thread CPU us per batch (median, min-max) | / torchvision |", "|---|---|---|"]
-    tv = next((r["us_per_batch"] for r in rows if r["mode"] == "torchvision"), None)
-    for r in rows:
-        runs = r["runs"]
-        ratio = f"{r['us_per_batch'] / tv:.3f}x" if tv else "-"
-        lines.append(f"| {r['mode']} | {r['us_per_batch']:.1f} ({min(runs):.1f}-{max(runs):.1f}) | {ratio} |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--coco", default="/tmp/coco_bench", help="the detection set (made once, 640 x 480 JPEGs)")
@@ -82,14 +71,13 @@ def main(argv=None) -> int:
         print("FIGURE " + json.dumps(run_mode(a.mode, a.coco, a.images, a.batch, a.workers)), flush=True)
         return 0
     from detection_benchmark import make_set
-    from results_io import interleaved_runs, measured_commit, write_results
+    from results_io import interleaved_runs, measured_commit, medians_table, write_results
     make_set(a.coco, a.images)
     runs = interleaved_runs(__file__, a.modes, a.repeat, ["--coco", a.coco, "--images", str(a.images),
                                                           "--batch", str(a.batch), "--workers", str(a.workers)])
     if runs is None:
         return 1
-    rows = [{"mode": m, "us_per_batch": statistics.median(v), "runs": v} for m, v in runs.items()]
-    text = table(rows)
+    rows, text = medians_table(runs, "us_per_batch", "loop thread CPU us per batch")
     print(text)
     if a.out:
         head = (f"# Main-process loop thread CPU per batch ({measured_commit()[:12]})\n\nsegmentation recipe, batch "

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 
 def measured_commit() -> str:
@@ -45,3 +46,15 @@ def interleaved_runs(script: str, modes: List[str], repeat: int, args: List[str]
             runs[mode].append(round(json.loads(found[0]), 1))
             print(mode, runs[mode][-1], flush=True)
     return runs
+
+
+def medians_table(runs: Dict[str, List[float]], key: str, title: str) -> Tuple[List[dict], str]:
+    """Rows ``{"mode", key: median, "runs"}`` of ``interleaved_runs``' figures, and their table:
+    median (min-max), and the ratio to the ``torchvision`` mode's median where it ran."""
+    rows = [{"mode": m, key: statistics.median(v), "runs": v} for m, v in runs.items()]
+    lines = [f"| mode | {title} (median, min-max) | / torchvision |", "|---|---|---|"]
+    tv = runs.get("torchvision") and statistics.median(runs["torchvision"])
+    for r in rows:
+        ratio = f"{r[key] / tv:.3f}x" if tv else "-"
+        lines.append(f"| {r['mode']} | {r[key]:.1f} ({min(r['runs']):.1f}-{max(r['runs']):.1f}) | {ratio} |")
+    return rows, "\n".join(lines)

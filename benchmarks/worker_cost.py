@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 
@@ -64,16 +63,6 @@ def run_mode(mode: str, corpus: str, samples: int, batch: int) -> float:
     return 1e6 * seconds / (2 * samples)
 
 
-def table(rows: list) -> str:
-    lines = ["| mode | worker CPU us per sample (median, min-max) | / torchvision |", "|---|---|---|"]
-    tv = next((r["us_per_sample"] for r in rows if r["mode"] == "torchvision"), None)
-    for r in rows:
-        runs = r["runs"]
-        ratio = f"{r['us_per_sample'] / tv:.3f}x" if tv else "-"
-        lines.append(f"| {r['mode']} | {r['us_per_sample']:.1f} ({min(runs):.1f}-{max(runs):.1f}) | {ratio} |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--corpus", default="/tmp/corpus", help="the photograph corpus (made once)")
@@ -90,14 +79,13 @@ def main(argv=None) -> int:
         print("FIGURE " + json.dumps(run_mode(a.mode, a.corpus, a.samples, a.batch)), flush=True)
         return 0
     from corpus import make_corpus
-    from results_io import interleaved_runs, measured_commit, write_results
+    from results_io import interleaved_runs, measured_commit, medians_table, write_results
     make_corpus(a.corpus, a.images)
     runs = interleaved_runs(__file__, a.modes, a.repeat, ["--corpus", a.corpus, "--samples", str(a.samples),
                                                           "--batch", str(a.batch)])
     if runs is None:
         return 1
-    rows = [{"mode": m, "us_per_sample": statistics.median(v), "runs": v} for m, v in runs.items()]
-    text = table(rows)
+    rows, text = medians_table(runs, "us_per_sample", "worker CPU us per sample")
     print(text)
     if a.out:
         head = (f"# Worker CPU per sample ({measured_commit()[:12]})\n\none worker, ImageFolder, train chain, batch "
