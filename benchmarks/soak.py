@@ -3,7 +3,8 @@ GPU memory must stay flat. Prints one JSON line per epoch and a summary line; ex
 resource grows past its bound after the warm-up epochs.
 
     python benchmarks/soak.py --minutes 3                 # on the GPU machine
-    python benchmarks/soak.py --epochs 6 --device cpu     # the short version CI runs
+    python benchmarks/soak.py --epochs 12 --warmup-epochs 3 --images 64 --workers 2 --device cpu
+                                                          # the short version CI runs (with MALLOC_ARENA_MAX=2)
 """
 from __future__ import annotations
 
