@@ -92,12 +92,16 @@ class PatchLedger:
     def __init__(self) -> None:
         # (owner, attribute, original or _MISSING, the wrapper installed)
         self._patched: List[Tuple[Any, Any, Any, Any]] = []
+        # (id(owner), attribute) -> the wrappers installed there: whether a wrapper is ours is looked
+        # up, not searched for among every patch (the stage's graph captures ask on the pipeline
+        # thread); the owners are held by ``_patched`` until undone, so their ids stay theirs
+        self._installed: Dict[Tuple[int, Any], List[Any]] = {}
         self._lock = threading.RLock()
 
     def _ours(self, owner: Any, name: Any, current: Any) -> bool:
         """Whether ``current`` is a wrapper this ledger installed there (another library's wrapt
         wrapper on the same attribute is not: it gets ours around it, and keeps it on undo)."""
-        return any(o is owner and n == name and w is current for o, n, _, w in self._patched)
+        return any(w is current for w in self._installed.get((id(owner), name), ()))
 
     def wrap(self, owner: Any, name: Any, wrapper: Callable) -> None:
         """Wrap ``owner.name`` in place with a wrapt wrapper (once), recording the original; an
@@ -108,13 +112,17 @@ class PatchLedger:
                 own = owner.get(name, _MISSING)
                 if own is not _MISSING and not self._ours(owner, name, own):
                     owner[name] = wrapt.FunctionWrapper(own, wrapper)
-                    self._patched.append((owner, name, own, owner[name]))
+                    self._record(owner, name, own, owner[name])
                 return
             own = owner.__dict__.get(name, _MISSING)
             if own is not _MISSING and self._ours(owner, name, own):
                 return
             wrapt.wrap_function_wrapper(owner, name, wrapper)
-            self._patched.append((owner, name, own, owner.__dict__.get(name)))
+            self._record(owner, name, own, owner.__dict__.get(name))
+
+    def _record(self, owner: Any, name: Any, original: Any, installed: Any) -> None:
+        self._patched.append((owner, name, original, installed))
+        self._installed.setdefault((id(owner), name), []).append(installed)
 
     def undo_all(self) -> None:
         """Restore every patched attribute, newest first."""
@@ -127,6 +135,7 @@ class PatchLedger:
                 else:
                     setattr(owner, name, original)
             self._patched.clear()
+            self._installed.clear()
 
     def patched(self) -> List[str]:
         """'module.Class.attribute' of each patch in place."""
