@@ -337,7 +337,7 @@ def main(argv=None):
                     if mode == "torchvision" and rep >= a.tv_repeat:
                         continue
                     try:
-                        warm = a.warmup if a.warmup is not None else auto_warmup(w, a.images // a.batch)
+                        warm = a.warmup if a.warmup is not None else auto_warmup(w, a.images // a.batch, a.batch)
                         n, dt, decode = run(shape, a.data, w, a.batch, warm, mode, a.device)
                     except Exception as exc:  # one shape failing must not lose the others' figures
                         print(json.dumps({"shape": shape, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:300]}),

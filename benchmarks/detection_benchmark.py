@@ -169,7 +169,7 @@ def run(task: str, mode: str, args) -> dict:
     try:
         loader = loader_for(task, args.data, args.images if mode == "autoproxy" else args.plain_images,
                             args.workers, args.batch)
-        warmup = auto_warmup(args.workers, len(loader)) if mode == "autoproxy" else min(2 * args.workers,
+        warmup = auto_warmup(args.workers, len(loader), args.batch) if mode == "autoproxy" else min(2 * args.workers,
                                                                                         len(loader) // 3)
         with ThreadClock(args.thread_times and mode == "autoproxy") as clock:
             rate = timed(loader, warmup)

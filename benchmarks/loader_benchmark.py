@@ -95,12 +95,13 @@ def cpu_seconds() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
-def auto_warmup(workers: int, n_batches: int) -> int:
+def auto_warmup(workers: int, n_batches: int, batch_size: int) -> int:
     """Batches to leave untimed at each end of the epoch: as many as the deepest queue ahead of the
-    loop (autoproxy's look-ahead + 1, the hand-written proxy's prefetch of 2 per worker), at most a
-    third of the epoch, so that something is timed between the two."""
+    loop (autoproxy's look-ahead + 1 for batches of ``batch_size``, the hand-written proxy's prefetch
+    of 2 per worker), at most a third of the epoch, so that something is timed between the two."""
     from dali_autoproxy.config import resolve_options
-    depth = max(resolve_options().lookahead + 1, 2 * max(1, workers))
+    from dali_autoproxy.main.runs import lookahead_batches
+    depth = max(lookahead_batches(resolve_options().lookahead, batch_size) + 1, 2 * max(1, workers))
     return max(1, min(depth, n_batches // 3))
 
 
@@ -704,7 +705,7 @@ def main(argv=None):
                 n, dt, busy_rows, clock_rows = 0, 0.0, [], []
                 try:
                     for _ in range(1 if mode == "torchvision" else a.epochs):
-                        warm = a.warmup if a.warmup is not None else auto_warmup(w, epoch // batch)
+                        warm = a.warmup if a.warmup is not None else auto_warmup(w, epoch // batch, batch)
                         with ThreadClock(a.thread_times and mode.startswith("autoproxy")) as clock, \
                                 ProcessCpu(a.thread_times) as busy:
                             ni, di = runners[mode](a.data, kind, w, batch, warm, a.device, threads)
@@ -757,7 +758,8 @@ def main(argv=None):
         for mode in [m for m in a.modes if m.startswith("autoproxy")]:
             w = max(a.workers)
             with CudaTimeline(f"{kind} {mode} {w} workers") as timeline:
-                runners[mode](a.data, kind, w, a.batch[0], auto_warmup(w, epoch // a.batch[0]), a.device, threads)
+                warm = auto_warmup(w, epoch // a.batch[0], a.batch[0])
+                runners[mode](a.data, kind, w, a.batch[0], warm, a.device, threads)
             print(json.dumps(timeline.summary), flush=True)
             timelines.append(timeline.summary)
     summary = summarize(results)

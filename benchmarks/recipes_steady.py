@@ -107,6 +107,7 @@ def run_arm(recipe: str, mode: str, batch: int, workers: int, images: int, args)
 
     import dali_autoproxy
     from dali_autoproxy.config import resolve_options
+    from dali_autoproxy.main.runs import lookahead_batches
     torch.multiprocessing.set_sharing_strategy("file_system")  # many small target tensors per batch
     if mode in MODES_SETTINGS:  # one loader batch per DALI run (none gathered): the comparison's arm
         import importlib
@@ -118,7 +119,7 @@ def run_arm(recipe: str, mode: str, batch: int, workers: int, images: int, args)
     loader = make_loader(recipe, batch, workers, images, args)
     cuda = torch.cuda.is_available()
     total = len(loader)
-    warm = max(1, min(max(resolve_options().lookahead + 1, 2 * workers), total // 4))
+    warm = max(1, min(max(lookahead_batches(resolve_options().lookahead, batch) + 1, 2 * workers), total // 4))
     rates, first = [], None
     t_start = time.perf_counter()
     for _ in range(2):

@@ -31,7 +31,8 @@ def enable(*, device: Optional[str] = None, output: Optional[str] = None,
     logging level name. fidelity: "exact" (torchvision's arithmetic) or "fast" (ColorJitter
     by DALI's own colour operator, with torchvision's draws: faster, approximate; its PSNR is
     in docs/benchmarks.md). lookahead: batches queued to DALI ahead of the one the loop waits
-    for (default 16; fewer hold less GPU memory, more keep decode-bound loaders busier).
+    for (default 16, on the GPU more for batches under 8 so that several gathered runs are queued;
+    fewer hold less GPU memory, more keep decode-bound loaders busier).
     hw_decoder_load: share of the JPEGs given to the GPU's hardware decoder, 0 to 1 (default
     0.9; the rest decode on DALI's CPU threads and CUDA). resize: "pillow" (default:
     Resize and RandomResizedCrop equal to torchvision's, of PIL images with Pillow's arithmetic,

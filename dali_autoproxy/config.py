@@ -46,9 +46,9 @@ class Options:
     log_level: str = "INFO"
     fidelity: str = "exact"
     # Batches handed to DALI ahead of the one the loop waits for; DALI's queue is as deep (DALI's
-    # proxy documentation sizes its queue at 2 per worker). On the H200, 4 -> 16 took train at 2
-    # workers from 8.1k to 12.2k img/s and heavy at 8 from 15.5k to 17.9k (docs/benchmarks.md).
-    lookahead: int = 16
+    # proxy documentation sizes its queue at 2 per worker). None: main/runs.py's ``lookahead_batches``
+    # (16, more for small batches on the GPU, so that the look-ahead holds several gathered runs).
+    lookahead: Optional[int] = None
     # Share of each batch's JPEGs given to the GPU's hardware decoder (where it has one; the rest
     # are decoded by nvJPEG's CUDA path, whose Huffman stage runs on DALI's CPU threads). DALI's
     # default is 0.65; on the H200, 0.9 took camera-sized photos from 5.1k to 7.4k img/s and train

@@ -294,7 +294,7 @@ def test_bad_option_values_are_clear_errors(monkeypatch):
     from dali_autoproxy.config import resolve_options
     assert resolve_options().lookahead == 6 and resolve_options(lookahead=2).lookahead == 2
     monkeypatch.delenv("DALI_AUTOPROXY_LOOKAHEAD")
-    assert resolve_options().lookahead == 16
+    assert resolve_options().lookahead is None  # the default: main/runs.py's lookahead_batches
     monkeypatch.setenv("DALI_AUTOPROXY_DEVICE", "quantum")
     with pytest.raises(ValueError, match="DALI_AUTOPROXY_DEVICE='quantum'"):
         dali_autoproxy.enable()

@@ -119,11 +119,12 @@ def test_loader_benchmark_leaves_the_deepest_queue_untimed():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from loader_benchmark import auto_warmup
 
-    from dali_autoproxy.config import Options
-    assert auto_warmup(8, 256) == max(Options.lookahead + 1, 16)
-    assert auto_warmup(15, 256) == max(Options.lookahead + 1, 30)
-    assert auto_warmup(8, 10) == 3  # at most a third of the epoch
-    assert auto_warmup(0, 2) == 1
+    from dali_autoproxy.main.runs import DEFAULT_LOOKAHEAD
+    assert auto_warmup(8, 256, 128) == max(DEFAULT_LOOKAHEAD + 1, 16)
+    assert auto_warmup(15, 256, 128) == max(DEFAULT_LOOKAHEAD + 1, 30)
+    assert auto_warmup(8, 256, 2) == 48  # batches of 2: three runs of 16 ahead
+    assert auto_warmup(8, 10, 128) == 3  # at most a third of the epoch
+    assert auto_warmup(0, 2, 128) == 1
 
 
 def test_loader_benchmark_long_epoch_draws_the_samples_asked_for():

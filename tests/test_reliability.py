@@ -634,6 +634,27 @@ def test_small_batches_run_several_to_a_dali_run(photo_root, monkeypatch):
     assert sum(runs) == 2 * len(ds) and max(runs) > 2 and len(runs) < len(ds) // 2
 
 
+def test_the_default_lookahead_holds_three_gathered_runs_of_small_batches():
+    """Unless the user sets ``lookahead``, small batches on the GPU get a look-ahead deep enough
+    for runs of about RUN_SAMPLES samples, three of them queued (batch 2: 16 batches a run, not
+    5); a user's look-ahead is kept as given, and where runs do not gather it stays the default."""
+    from dali_autoproxy.main.runs import (
+        DEFAULT_LOOKAHEAD,
+        RUN_SAMPLES,
+        RUNS_IN_LOOKAHEAD,
+        batches_per_run,
+        lookahead_batches,
+    )
+    for batch in (2, 3, 4, 8, 16, 128):
+        ahead = lookahead_batches(None, batch, "gpu")
+        per_run = batches_per_run(batch, ahead, "gpu")
+        assert DEFAULT_LOOKAHEAD <= ahead <= 64 and per_run * batch >= min(RUN_SAMPLES, batch * ahead)
+        assert (ahead + 1) // per_run >= RUNS_IN_LOOKAHEAD, (batch, ahead, per_run)
+    assert lookahead_batches(None, 2, "gpu") == 47 and batches_per_run(2, 47, "gpu") == 16
+    assert lookahead_batches(None, 1, "gpu") == 64  # the option's own bound
+    assert lookahead_batches(4, 2, "gpu") == 4 and lookahead_batches(None, 2, "cpu") == DEFAULT_LOOKAHEAD
+
+
 def test_a_new_loader_of_a_seen_plan_reuses_its_pipeline(photo_root):
     """A script that makes a new loader every epoch (an eval loader, say): the pipeline of the
     loader that is gone is taken by the next one with the same plan and settings instead of being

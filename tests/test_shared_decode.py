@@ -158,7 +158,7 @@ def test_a_failed_run_of_several_small_batches_replays_each_of_them(photo_root, 
     from dali_autoproxy.config import Options
     from dali_autoproxy.main import runs
     monkeypatch.setattr(runs, "GATHER_ON", ("gpu", "cpu"))  # on DALI's CPU backend too, as on the GPU
-    per_run = runs.batches_per_run(2, Options.lookahead, "cpu")
+    per_run = runs.batches_per_run(2, runs.lookahead_batches(Options.lookahead, 2, "cpu"), "cpu")
     assert per_run > 1
     calls = _fail_second_shared_run(monkeypatch)
     ds = image_folder(photo_root, MultiView(_views()))

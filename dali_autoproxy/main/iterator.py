@@ -26,7 +26,7 @@ from dali_autoproxy.main.cpu_fallback import replay_group
 from dali_autoproxy.main.decision import Decision, chain_names, decide, max_batch_size
 from dali_autoproxy.main.errors import raised_here, without_frames
 from dali_autoproxy.main.payload_release import PooledPayloads
-from dali_autoproxy.main.runs import Part, RunQueue, batches_per_run, runs_behind
+from dali_autoproxy.main.runs import Part, RunQueue, batches_per_run, lookahead_batches, runs_behind
 from dali_autoproxy.main.state import GeneratorStates, LoaderState, RunnerKey, output_device
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.transport import (
@@ -118,7 +118,8 @@ def build_first_pipeline(loader: Any, state: LoaderState, decision: Decision, op
     capacity = run_capacity(loader, options, decision.device)
     for plan in list(decision.plans.values())[:1]:
         kind = RAW if plan.worker_prefix else ENCODED
-        runner = state.take_runner(plan.key, kind, capacity, decision.device, options.lookahead,
+        runner = state.take_runner(plan.key, kind, capacity, decision.device,
+                                   lookahead_batches(options.lookahead, max_batch_size(loader), decision.device),
                                    options.hw_decoder_load)
         state.give_back({(plan.key, kind): runner})
 
@@ -136,7 +137,7 @@ def _fall_back(wrapped: Any, loader: Any, state: LoaderState, options: Options, 
 def run_capacity(loader: Any, options: Options, device: str) -> int:
     """A pipeline's batch size: the samples of the loader batches one run gathers."""
     batch_size = max_batch_size(loader)
-    return batch_size * batches_per_run(batch_size, options.lookahead, device)
+    return batch_size * batches_per_run(batch_size, lookahead_batches(options.lookahead, batch_size, device), device)
 
 
 class _InFlight:
@@ -178,7 +179,8 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_out = output_device(decision.device, options)
         self._self_pin = bool(loader.pin_memory) and torch.cuda.is_available()
         self._self_capacity = run_capacity(loader, options, decision.device)
-        self._self_lookahead = options.lookahead
+        self._self_lookahead = lookahead = lookahead_batches(options.lookahead, max_batch_size(loader),
+                                                             decision.device)
         self._self_hw_decoder_load = options.hw_decoder_load
         self._self_share = options.shared_decode == "on"
         self._self_strict = options.strict == "on"
@@ -191,8 +193,8 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_main_dataset = loader.dataset if loader.num_workers == 0 else None
         self._self_router = ChainRouter(decision.plans) if loader.num_workers == 0 else None
         self._self_timeout = float(loader.timeout) if loader.timeout else None
-        per_run = batches_per_run(max_batch_size(loader), options.lookahead, decision.device)
-        self._self_runs = RunQueue(self._self_runners, per_run, runs_behind(options.lookahead, per_run),
+        per_run = batches_per_run(max_batch_size(loader), lookahead, decision.device)
+        self._self_runs = RunQueue(self._self_runners, per_run, runs_behind(lookahead, per_run),
                                    self._self_timeout)
         self._self_collate = on_device(decision.collate) if decision.collate is not None else None
         self._self_payloads = PooledPayloads()

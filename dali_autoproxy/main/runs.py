@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Union
 import numpy as np
 
 from dali_autoproxy.backends.dali import PipelineError
+from dali_autoproxy.config import LOOKAHEAD_RANGE
 from dali_autoproxy.transport import SHARED, ProxyGroup, SharedGroup
 
 RUN_SAMPLES = 32  # a run gathers batches up to about this many samples
@@ -25,8 +26,24 @@ RUN_SAMPLES = 32  # a run gathers batches up to about this many samples
 # run to its largest sample) only adds to
 GATHER_ON = ("gpu",)
 RUNS_IN_LOOKAHEAD = 3  # the look-ahead holds at least this many runs: one collected, others fed behind it
+DEFAULT_LOOKAHEAD = 16  # batches the loop holds ahead unless the user says (``lookahead=``)
 
 Unit = Union[ProxyGroup, SharedGroup]
+
+
+def lookahead_batches(option: Optional[int], batch_size: Optional[int], device: str = "gpu") -> int:
+    """The batches the loop holds ahead of the one it waits for: the user's ``lookahead``, else
+    ``DEFAULT_LOOKAHEAD``, grown where runs gather batches until it holds ``RUNS_IN_LOOKAHEAD``
+    runs of about ``RUN_SAMPLES`` samples (batch 2: 47 batches, three runs of 16). Much of a run's
+    Python work in the main process (feeds, DALI's outputs, the torch stage's launches) is the
+    same whatever its size, so batches of 2 gathered 16 to a run instead of 5 pay it a third as
+    often; the samples held ahead (94) stay below those of 16 batches of 8."""
+    if option is not None:
+        return option
+    if device not in GATHER_ON:
+        return DEFAULT_LOOKAHEAD
+    wanted = -(-RUN_SAMPLES // max(1, batch_size or 1))
+    return max(DEFAULT_LOOKAHEAD, min(LOOKAHEAD_RANGE[1], RUNS_IN_LOOKAHEAD * wanted - 1))
 
 
 def batches_per_run(batch_size: Optional[int], lookahead: int, device: str = "gpu") -> int:
