@@ -519,12 +519,18 @@ def run_dali_proxy(root, kind, workers, batch, warmup, dali_device, threads, hw_
 
     p = pipe(batch_size=batch, num_threads=threads, device_id=0 if dali_device == "gpu" else None,
              prefetch_queue_depth=2 * max(1, workers))
-    with dali_proxy.DALIServer(p) as server:
+    server = dali_proxy.DALIServer(p)
+    server.start_thread()  # as ``with DALIServer(p) as server:`` does on entering
+    try:
         ds = torchvision.datasets.ImageFolder(root, transform=server.proxy, loader=_read_bytes)
         loader = dali_proxy.DataLoader(server, ds, batch_size=batch, num_workers=workers,
                                        **order(ds, kind), drop_last=False)
         n, dt = consume(loader, "cuda" if dali_device == "gpu" else "cpu", warmup, len(loader))
         del loader
+    finally:
+        # DALI's stop_thread (the ``with``'s exit) waits for its thread's next queue read, up to 5 s
+        # once the epoch is over: it ends in the background, the pipeline idle, while the next arm runs
+        threading.Thread(target=server.stop_thread, name="dali-proxy-stop").start()
     gc.collect()
     return n, dt
 
