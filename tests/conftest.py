@@ -6,19 +6,16 @@ import pytest
 
 
 def _share_the_cores() -> None:
-    """In a pytest-xdist worker, torch's intra-op threads are its share of the cores (unless
-    OMP_NUM_THREADS says otherwise). xdist runs a test process per core, each with its DataLoader
-    workers and DALI's threads: more OpenMP threads than the share only contend (they spin
-    waiting for work), a quarter of the catalogue's time on 2 cores. Results do not depend on it
-    (both arms of a comparison run in one process). Set before torch is imported, here or in a
-    subprocess a test starts (they inherit it)."""
+    """In a pytest-xdist worker, torch's intra-op threads are its share of the cores. xdist runs a
+    test process per core, each with its DataLoader workers and DALI's threads, and OpenMP threads
+    beyond the share only contend (they spin waiting for work): a quarter of the catalogue's time
+    on 2 cores. Subprocesses a test starts keep torch's default: while they run, their test
+    process waits. Results do not depend on it (both arms of a comparison run in one process)."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-    if workers is None or "PYTEST_XDIST_WORKER" not in os.environ:  # not a worker: left as it is
-        return
-    threads = max(1, (os.cpu_count() or 1) // int(workers))
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    if "torch" in sys.modules:  # imported before this file: set it there too
-        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if workers is None or "PYTEST_XDIST_WORKER" not in os.environ or "OMP_NUM_THREADS" in os.environ:
+        return  # not a worker, or told how many
+    import torch
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
 
 
 _share_the_cores()
