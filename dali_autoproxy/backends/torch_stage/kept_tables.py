@@ -1,4 +1,5 @@
-"""Pillow's resampling tables kept on the device the resample kernel runs on.
+"""Pillow's resampling tables kept on the device the exact resize runs on: the one store that its
+Triton kernel and its torch ops (``resample``) read.
 
 A batch's tables are looked up by key (input size, box, output size, filter) and only their
 offsets travel: one small copy per batch, for both passes. Keys not kept yet are computed together: on a CUDA

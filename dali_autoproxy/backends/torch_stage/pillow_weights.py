@@ -1,6 +1,5 @@
 """Pillow's resampling weights, computed exactly as Resample.c computes them (``coefficients``,
-on the host or the GPU), and kept on the host: one table per (input size, box, output size,
-filter) along one axis.
+on the host or the GPU): one table per (input size, box, output size, filter) along one axis.
 
 ``precompute_coeffs`` and ``normalize_coeffs_8bpc`` in the C's operation order: the box is single
 precision (Pillow parses it as C floats and subtracts in float), everything after it double
@@ -9,15 +8,14 @@ an add), the weights of one output pixel summed left to right, LANCZOS' and HAMM
 Python's ``math`` (the C library's, as Pillow calls them). NEAREST is Pillow's scale-only affine
 transform (ImagingScaleAffine): one weight of 2**22 at ``COORD`` of a running sum of the scale.
 
-A batch of RandomResizedCrop draws repeats the same few hundred (input size, output size)
-pairs, so the tables are kept (``tables``, up to KEPT_LIMIT): the CPU path gathers them per batch
-(``batch_weights``); on the GPU they are the reference that ``kept_tables`` equals, and the ones
-it copies (LANCZOS, HAMMING, NEAREST).
+Nothing is kept here: ``kept_tables`` keeps every table a process uses, one store per device, which
+the Triton kernels and the torch ops both read; it computes new ones with ``coefficients`` (on a
+CUDA device there, for BILINEAR, BICUBIC and BOX) or with ``tables`` on the host.
 """
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -94,31 +92,23 @@ def _filter(kind: int, x: torch.Tensor) -> torch.Tensor:
 
 Key = Tuple[int, float, float, int, int]  # (input size, box start, box end, output size, filter)
 Table = Tuple[np.ndarray, np.ndarray]
-_KEPT: Dict[Key, Table] = {}
-KEPT_LIMIT = 1 << 16  # tables kept; past it they are computed again as asked
 
 
 def axis_weights(in_size: int, in0: float, in1: float, out_size: int, kind: int) -> Table:
     """Pillow's weights for resampling ``in_size`` pixels, box ``in0..in1`` (C floats), to
     ``out_size`` with filter ``kind``: the first input pixel of each output pixel (int32
     [out_size]) and its fixed-point weights (int32 [out_size, taps]), zero past the pixels
-    Pillow uses. Read-only arrays (shared by every batch that asks for them)."""
+    Pillow uses."""
     return tables((in_size, in0, in1, out_size, kind))[0]
 
 
 def tables(*keys: Key) -> List[Table]:
-    """``axis_weights`` of each key; the ones not kept yet computed together, per filter. (Safe
-    from several pipeline threads: what a call returns is held here, whatever another clears.)"""
-    found = {k: _KEPT.get(k) for k in keys}
-    missing = [k for k, table in found.items() if table is None]
-    if missing:
-        if len(_KEPT) + len(missing) > KEPT_LIMIT:
-            _KEPT.clear()
-        for kind in sorted({k[4] for k in missing}):
-            group = [k for k in missing if k[4] == kind]
-            made = [_nearest(*k[:4]) for k in group] if kind == NEAREST else _resampled(group)
-            found.update(zip(group, made))
-            _KEPT.update(zip(group, made))
+    """``axis_weights`` of each key, computed together per filter (read-only arrays)."""
+    found: Dict[Key, Table] = {}
+    for kind in sorted({k[4] for k in keys}):
+        group = list(dict.fromkeys(k for k in keys if k[4] == kind))
+        made = [_nearest(*k[:4]) for k in group] if kind == NEAREST else _resampled(group)
+        found.update(zip(group, made))
     return [found[k] for k in keys]
 
 
@@ -188,20 +178,3 @@ def _resampled(keys: List[Key]) -> List[Table]:
 def _frozen(a: np.ndarray) -> np.ndarray:
     a.setflags(write=False)
     return a
-
-
-def batch_weights(in_sizes: Sequence[int], boxes: np.ndarray, out_sizes: Sequence[int], kinds: Sequence[int],
-                  out_max: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Each sample's tables along one axis, gathered for a batch: first (int32 [B, out_max]) and
-    weights (int32 [B, out_max, K]); zero past each sample's output size. ``boxes``: [B, 2] of
-    each sample's box along the axis (in0, in1)."""
-    found = tables(*[(int(n), float(b0), float(b1), int(o), int(k))
-                     for n, (b0, b1), o, k in zip(in_sizes, np.asarray(boxes, dtype=np.float64).tolist(), out_sizes,
-                                                  kinds)])
-    taps = max(w.shape[1] for _, w in found)
-    first = np.zeros((len(found), out_max), dtype=np.int32)
-    weights = np.zeros((len(found), out_max, taps), dtype=np.int32)
-    for b, (f, w) in enumerate(found):
-        first[b, :len(f)] = f
-        weights[b, :w.shape[0], :w.shape[1]] = w
-    return first, weights

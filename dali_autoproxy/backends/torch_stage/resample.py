@@ -10,13 +10,13 @@ rounds the sum to uint8 after each pass: horizontally first, then vertically on 
 result (Pillow 13 swaps the two when the height shrinks far more than the width).
 
 Here the weights are Pillow's own (its ``precompute_coeffs`` and ``normalize_coeffs_8bpc`` in the
-C's operation order, one table per (input size, box, output size, filter): ``pillow_weights`` on
-the host, ``kept_tables`` on the GPU). Where Triton runs, the batch's two passes are two launches
-in int32 (``fused_resize``, the stage's run from a PillowResize), the kernel computing each output
-pixel's weights itself in the same float64 steps (BILINEAR, BICUBIC, BOX) or reading each sample's
-table from the kept buffers (the other filters), the flips, ToFloat and Normalize after the resize
-done by the second; elsewhere
-the tables are laid out per sample as a dense [output, input] matrix and each pass is one batched
+C's operation order, ``pillow_weights``), one table per (input size, box, output size, filter),
+kept in one store per device (``kept_tables``) that every path here reads. Where Triton runs,
+the batch's two passes are two launches in int32 (``fused_resize``, the stage's run from a
+PillowResize), the kernel computing each output pixel's weights itself in the same float64 steps
+(BILINEAR, BICUBIC, BOX) or reading each sample's table from the store (the other filters), the
+flips, ToFloat and Normalize after the resize done by the second; elsewhere the store's tables
+are laid out per sample as a dense [output, input] matrix and each pass is one batched
 matrix product in float64: every product and partial sum is an integer below 2**53, so the products
 are exact whatever order the BLAS adds them in, and ``(s + 2**21) >> 22`` clipped to 0..255 is
 Pillow's ``clip8``. Each sample has its own input box, output size and filter (timm draws bilinear
@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from dali_autoproxy.backends.torch_stage import fused_color, fused_resize, pillow_weights
+from dali_autoproxy.backends.torch_stage.kept_tables import kept_tables
 from dali_autoproxy.backends.torch_stage.pillow_weights import vertical_first
 from dali_autoproxy.backends.torch_stage.registry import (
     Batch,
@@ -62,10 +63,23 @@ def _weights(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kin
 
 def _tables(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, out_max: int,
             device: torch.device):
-    """Each sample's Pillow weights in compact form, on ``device``: the first input pixel of each
-    output pixel (int32 [B, out_max]) and its weights (int32 [B, out_max, K])."""
-    first, weights = pillow_weights.batch_weights(in_sizes, boxes, out_sizes, kinds, out_max)
-    return upload(first, device), upload(weights, device)
+    """Each sample's Pillow weights in compact form, on ``device``, read from the device's kept
+    tables (the one store the kernels read too): the first input pixel of each output pixel
+    (int64 [B, out_max]) and its weights (int32 [B, out_max, K]), zero past each sample's own
+    output size and taps."""
+    keys = np.stack([np.asarray(in_sizes, dtype=np.float64), boxes[:, 0], boxes[:, 1],
+                     np.asarray(out_sizes, dtype=np.float64), np.asarray(kinds, dtype=np.float64)], 1)
+    located = kept_tables(device).locate_rows(keys)
+    first_at, weights_at, taps, outs = (v.view(-1, 1, 1) for v in upload(located.where, device).unbind(0))
+    o = torch.arange(out_max, device=device).view(1, -1, 1)
+    k = torch.arange(int(located.where[2].max()), device=device).view(1, 1, -1)
+    rows = o < outs  # [B, out_max, 1]
+    used = rows & (k < taps)
+    last_first, last_weight = len(located.first) - 1, len(located.weights) - 1  # slots of no table
+    first = located.first[torch.where(rows, first_at + o, last_first).squeeze(2)].long()
+    weights = located.weights[torch.where(used, weights_at + o * taps + k, last_weight)]
+    located.hold()  # grown or started over meanwhile, the buffers stay until these reads are done
+    return torch.where(rows.squeeze(2), first, 0), torch.where(used, weights, 0)
 
 
 def _triton_kernel(x: torch.Tensor):
