@@ -8,9 +8,9 @@ import pytest
 def _share_the_cores() -> None:
     """In a pytest-xdist worker, torch's intra-op threads are its share of the cores. xdist runs a
     test process per core, each with its DataLoader workers and DALI's threads, and OpenMP threads
-    beyond the share only contend (they spin waiting for work): a quarter of the catalogue's time
-    on 2 cores. Subprocesses a test starts keep torch's default: while they run, their test
-    process waits. Results do not depend on it (both arms of a comparison run in one process)."""
+    beyond the share only contend (they spin waiting for work). Subprocesses a test starts keep
+    torch's default: while they run, their test process waits. Results do not depend on it (both
+    arms of a comparison run in one process)."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers is None or "PYTEST_XDIST_WORKER" not in os.environ or "OMP_NUM_THREADS" in os.environ:
         return  # not a worker, or told how many
