@@ -33,14 +33,30 @@ def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, fi
         torch.manual_seed(seed)
         loader = DataLoader(dataset, **loader_kw)
         for _ in range((epochs or EPOCHS) - 1):
-            for _batch in loader:
-                pass
+            _epoch(loader, keep=False, plain=not autoproxy)
             if autoproxy and dali_autoproxy.report():
                 rep = dali_autoproxy.report()[-1]
                 _LAST_EPOCH_FROM[rep["loader"]] = rep
-        return [_clone(b) for b in loader]
+        return _epoch(loader, keep=True, plain=not autoproxy)
     finally:
         dali_autoproxy.disable()
+
+
+def _epoch(loader, *, keep: bool, plain: bool) -> List:
+    """One epoch's batches (cloned where ``keep``). A plain iterator that an exception leaves is
+    shut down here: left to the garbage collector (the exception's traceback holds it), torch's
+    ``__del__`` waits out each worker's 5 s poll. The autoproxied arm's is left to the product."""
+    it = iter(loader)
+    try:
+        if keep:
+            return [_clone(b) for b in it]
+        for _batch in it:
+            pass
+        return []
+    except BaseException:
+        if plain and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        raise
 
 
 def plain_loader_kw(loader_kw: dict) -> dict:
