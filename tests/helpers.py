@@ -33,19 +33,21 @@ def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, fi
         torch.manual_seed(seed)
         loader = DataLoader(dataset, **loader_kw)
         for _ in range((epochs or EPOCHS) - 1):
-            _epoch(loader, keep=False, plain=not autoproxy)
+            _epoch(loader, keep=False)
             if autoproxy and dali_autoproxy.report():
                 rep = dali_autoproxy.report()[-1]
                 _LAST_EPOCH_FROM[rep["loader"]] = rep
-        return _epoch(loader, keep=True, plain=not autoproxy)
+        return _epoch(loader, keep=True)
     finally:
         dali_autoproxy.disable()
 
 
-def _epoch(loader, *, keep: bool, plain: bool) -> List:
-    """One epoch's batches (cloned where ``keep``). A plain iterator that an exception leaves is
-    shut down here: left to the garbage collector (the exception's traceback holds it), torch's
-    ``__del__`` waits out each worker's 5 s poll. The autoproxied arm's is left to the product."""
+def _epoch(loader, *, keep: bool) -> List:
+    """One epoch's batches (cloned where ``keep``). An iterator that an exception leaves (plain
+    or autoproxied: the proxy forwards to torch's) is shut down here. Left to the garbage
+    collector (the exception's traceback holds it in a cycle), torch's ``__del__`` joins workers
+    that never receive their stop (they wait on their index queues) and waits out each one's
+    5 s poll, in whichever later test collects it."""
     it = iter(loader)
     try:
         if keep:
@@ -54,7 +56,7 @@ def _epoch(loader, *, keep: bool, plain: bool) -> List:
             pass
         return []
     except BaseException:
-        if plain and hasattr(it, "_shutdown_workers"):
+        if hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
         raise
 

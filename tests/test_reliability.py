@@ -55,7 +55,7 @@ def outcomes(ds, *, autoproxy, seed=0, device="cpu", **kw):
             except Exception as exc:
                 res.append(("err", type(exc), str(exc)))
     finally:
-        if not autoproxy and hasattr(it, "_shutdown_workers"):
+        if hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()  # as helpers._epoch does: not torch's 5 s per worker in __del__
         del it
         if autoproxy and dali_autoproxy.report():
