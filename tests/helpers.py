@@ -33,16 +33,16 @@ def load_all(dataset, *, autoproxy: bool, device: str = "cpu", seed: int = 0, fi
         torch.manual_seed(seed)
         loader = DataLoader(dataset, **loader_kw)
         for _ in range((epochs or EPOCHS) - 1):
-            _epoch(loader, keep=False)
+            one_epoch(loader, keep=False)
             if autoproxy and dali_autoproxy.report():
                 rep = dali_autoproxy.report()[-1]
                 _LAST_EPOCH_FROM[rep["loader"]] = rep
-        return _epoch(loader, keep=True)
+        return one_epoch(loader, keep=True)
     finally:
         dali_autoproxy.disable()
 
 
-def _epoch(loader, *, keep: bool) -> List:
+def one_epoch(loader, *, keep: bool = True) -> List:
     """One epoch's batches (cloned where ``keep``). An iterator that an exception leaves (plain
     or autoproxied: the proxy forwards to torch's) is shut down here. Left to the garbage
     collector (the exception's traceback holds it in a cycle), torch's ``__del__`` joins workers

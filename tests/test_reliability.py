@@ -56,7 +56,7 @@ def outcomes(ds, *, autoproxy, seed=0, device="cpu", **kw):
                 res.append(("err", type(exc), str(exc)))
     finally:
         if hasattr(it, "_shutdown_workers"):
-            it._shutdown_workers()  # as helpers._epoch does: not torch's 5 s per worker in __del__
+            it._shutdown_workers()  # as helpers.one_epoch does: not torch's 5 s per worker in __del__
         del it
         if autoproxy and dali_autoproxy.report():
             res.report = dali_autoproxy.report()[-1]
