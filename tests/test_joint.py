@@ -145,6 +145,61 @@ def test_segmentation_preset_goes_to_dali_with_plains_masks(tmp_path, device):
     assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_later_epochs_workers_share_one_plan_of_a_joint_chain_built_before_its_first_batch(
+        tmp_path, monkeypatch, device):
+    """Each worker settles on a shape of the segmentation preset of its own (pads, flips and
+    crops merged in the order its samples came); the main process merges what every worker
+    sent, so from the second epoch on (workers forked afresh, the DataLoader's defaults) every
+    batch comes under one plan, whose pipeline is built before the epoch's first batch, and the
+    batches stay plain's: masks bit-equal, images equal."""
+    from dali_autoproxy.backends.dali import runner
+    from dali_autoproxy.main import iterator
+    preset = v2.Compose([v2.RandomResize(min_size=96, max_size=320), v2.RandomHorizontalFlip(0.5),
+                         v2.RandomCrop(160, pad_if_needed=True, fill={tv_tensors.Mask: 255, "others": 0}),
+                         v2.PILToTensor(), v2.ToDtype(torch.float, scale=True), v2.ToPureTensor()])
+    ds = wrap_dataset_for_transforms_v2(VOCSegmentation(make_voc(str(tmp_path), n=32), image_set="train",
+                                                        transforms=preset))
+    kw = dict(batch_size=2, num_workers=4, shuffle=True)
+    ref = load_all(ds, autoproxy=False, seed=5, epochs=3, **kw)
+    keys, builds, taken = [], [], []
+    units, build = iterator.pipeline_units, runner.DaliRunner._build
+
+    def spy_units(proxies, share):
+        out = units(proxies, share)
+        keys[-1].update(u.key for u in out)
+        return out
+
+    def spy_build(self):
+        builds.append(len(taken))  # batches taken when it was built
+        return build(self)
+    monkeypatch.setattr(iterator, "pipeline_units", spy_units)
+    monkeypatch.setattr(runner.DaliRunner, "_build", spy_build)
+    dali_autoproxy.enable(device=device, log_level="WARNING")
+    try:
+        torch.manual_seed(5)
+        loader = torch.utils.data.DataLoader(ds, **kw)
+        for _epoch in range(3):
+            keys.append(set())
+            taken.clear()
+            it = iter(loader)
+            out = [(x.cpu().clone(), m.cpu().clone()) for x, m in it if not taken.append(1)]
+            del it
+    finally:
+        dali_autoproxy.disable()
+    assert len(keys[0]) > 1, keys  # the first epoch: several workers, several shapes
+    assert len(keys[1]) == len(keys[2]) == 1 and keys[1] == keys[2], keys
+    assert builds[-1] == 0, builds  # the later epochs' one pipeline: built before their first batch
+    assert len(ref) == len(out) == 16
+    for (xa, ma), (xb, mb) in zip(ref, out):
+        assert torch.equal(ma, mb)
+        if device == "cpu":
+            assert torch.equal(xa, xb)
+        else:
+            assert_same_image(xa, xb, device)
+    assert last_report()["decode"] == "DALI 100%"
+
+
 def test_an_image_without_objects_raises_plains_error(tmp_path):
     """v2's wrapper gives an image without objects no labels: SanitizeBoundingBoxes raises; the
     proxied loader raises the same error (from the worker's run of the chain as written)."""
@@ -641,6 +696,23 @@ def test_joint_shapes_merge_into_one_supersequence():
     from dali_autoproxy.plan.translate.recorded import _supersequence
     assert _supersequence(("pad", "crop", "hflip"), ("crop", "vflip")) == ("pad", "crop", "hflip", "vflip")
     assert _supersequence((), ("resize",)) == ("resize",)
+
+
+def test_two_workers_joint_shapes_merge_into_one_that_fits_both():
+    from dali_autoproxy.plan.record.learnt import MAX_SIZE_CHANGES
+    from dali_autoproxy.plan.translate.recorded import fit, merged_joint_shape
+    tail = (("tensor", "pil_to_tensor"),)
+    a = (("resize", "hflip", "crop") + tail, (1, 2, 0, 0, 0))
+    b = (("resize", ("pad", 0), "crop") + tail, (0, 0, 3, 0, 0))
+    merged = merged_joint_shape(a, b)
+    assert merged[0] == ("resize", "hflip", ("pad", 0), "crop") + tail
+    for shape in (a, b):  # a sample either fitted fits the merge (its calls too: the widest runs)
+        tokens = shape[0]
+        runs = [[("call",)] * w for w in shape[1]]
+        assert fit(merged, tokens, runs) is not None
+    assert merged_joint_shape(a, (("resize",) + (("tensor", "to_tensor"),), (0, 0, 0))) is None  # other tensor steps
+    too_long = (tuple(("pad", k) for k in range(MAX_SIZE_CHANGES)) + tail, (0,) * (MAX_SIZE_CHANGES + 2))
+    assert merged_joint_shape(a, too_long) is None
 
 
 def test_detr_data_path_unchanged(tmp_path):

@@ -18,6 +18,7 @@ from dali_autoproxy.patches import unsupported
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.planning import Plan, build_plan, may_be_joint, walk
 from dali_autoproxy.plan.translate import flatten, transform_name
+from dali_autoproxy.worker.joint import planned_jointly
 
 
 @dataclass
@@ -86,6 +87,11 @@ def decide(loader: Any, options: Options) -> Decision:
     joint: List[str] = [f"{_path_text(path)}: {transform_name(t)}" for path, t in found.joint]
     first_reason = None
     for path, chain in found.chains:
+        jointly = planned_jointly(chain)
+        if jointly is not None:  # an earlier epoch's workers called it with its targets: their plan
+            joint.append(f"{_path_text(path)}: {transform_name(chain)}")
+            plans.setdefault(jointly.key, jointly)
+            continue
         try:
             plan = build_plan(chain)
         except Unsupported as exc:

@@ -42,6 +42,8 @@ class Plan:
     any_size: bool = False  # its images end at sizes of their own (a joint transform's): the torch stage
     #                         may take every sample at its own size (``ir.split_at_takeover``)
     chain: str = field(default="", compare=False)  # the chain it came from (``chain_of``), for the report
+    # a joint plan's (chain id in the worker, shape), sent to the main process: ``record/learnt.py``
+    joint_shape: Optional[Tuple[int, Any]] = field(default=None, compare=False, repr=False)
 
     @property
     def ops(self) -> List[Op]:

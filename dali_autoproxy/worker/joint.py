@@ -120,15 +120,41 @@ def _steps_of(chain: Any) -> str:
     return f" ({' -> '.join(transform_name(t) for step in inner for t in unroll(step))})"
 
 
+def joint_call(chain: Any) -> JointCall:
+    """A JointCall of ``chain``, of a class of the chain's own (named after its steps: a plan
+    made of it in any process has the same key)."""
+    own = type(f"{type(chain).__name__} with its targets{_steps_of(chain)}", (JointCall,),
+               {"__module__": type(chain).__module__})
+    return own(chain)
+
+
+def planned_jointly(chain: Any) -> Optional[Plan]:
+    """The main process's plan of a chain that an earlier epoch's workers called with its targets
+    (``LEARNT.joint_shape_of``): the plan those workers' successors start from, so its pipeline is
+    built before the first batch asks for it. None where none is known or it cannot be planned."""
+    shape = LEARNT.joint_shape_of(chain)
+    if shape is None:
+        return None
+    call = joint_call(chain)
+    LEARNT.set_shape(call, shape)
+    try:
+        return build_joint_plan(call)
+    except Unsupported:
+        return None
+    finally:
+        LEARNT.forget_shape(call)
+
+
 class JointNode:
     """What a joint transform's call does in a worker: the targets transformed here by torchvision,
     the image handed to DALI with its recorded calls; or the call as written, with ``why``."""
 
     def __init__(self, chain: Any, announce_known: set):
         self.chain = chain
-        own = type(f"{type(chain).__name__} with its targets{_steps_of(chain)}", (JointCall,),
-                   {"__module__": type(chain).__module__})
-        self.call = own(chain)
+        self.call = joint_call(chain)
+        shape = LEARNT.joint_shape_of(chain)
+        if shape is not None:  # what an earlier epoch's workers learnt (the main process kept it)
+            LEARNT.set_shape(self.call, shape)
         self.known = announce_known
         self.why: Optional[str] = None  # why the last call was not taken
         self.plan: Optional[Plan] = None
@@ -146,6 +172,8 @@ class JointNode:
         except Unsupported as exc:  # it needs pixels: what it needed, without the "no translation" before it
             self.plan, self.plain_reason = None, f"{self.name}: {str(exc).split('; recorded, ', 1)[-1]}"
             return
+        shape = LEARNT.shape_of(self.call)
+        plan.joint_shape = (id(self.chain), shape) if shape is not None else None
         self.plan = plan
 
     def __call__(self, args: tuple, kwargs: dict, decoded_because: Optional[str] = None) -> Any:

@@ -36,7 +36,7 @@ from dali_autoproxy.plan.record.image import (
     call_token,
     recording,
 )
-from dali_autoproxy.plan.record.learnt import LEARNT
+from dali_autoproxy.plan.record.learnt import LEARNT, MAX_SIZE_CHANGES
 from dali_autoproxy.plan.record.tensor import RecordingTensor, equivalent
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.steps import ChainState, Step
@@ -188,6 +188,22 @@ def grown(shape: CallShape, tokens: Tuple[str, ...], runs: List[list], merge: bo
             most = min(MAX_CALLS, max([len(r) for r in runs] + list(shape[1])))
             return _no_calls_on_tensors((merged, (most,) * (len(merged) + 1)))
     return _no_calls_on_tensors(_grown(shape, tokens, runs))
+
+
+def merged_joint_shape(a: CallShape, b: CallShape) -> Optional[CallShape]:
+    """A joint transform's shape that fits every sample either fits (the shapes two workers
+    learnt, say): their size changes and flips merged as ``grown`` merges a sample's, each run of
+    calls as wide as the widest; None where their tensor steps differ or the merge plans more
+    size changes than a recorded transform may make."""
+    tails = [tuple(t for t in shape[0] if _makes_tensor(t)) for shape in (a, b)]
+    if tails[0] != tails[1]:
+        return None
+    merged = _supersequence(tuple(t for t in a[0] if not _makes_tensor(t)),
+                            tuple(t for t in b[0] if not _makes_tensor(t))) + tails[1]
+    if len(merged) > MAX_SIZE_CHANGES:
+        return None
+    most = min(MAX_CALLS, max(a[1] + b[1]))
+    return _no_calls_on_tensors((merged, (most,) * (len(merged) + 1)))
 
 
 def _supersequence(a: Tuple, b: Tuple) -> Tuple:
