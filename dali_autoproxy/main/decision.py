@@ -17,7 +17,9 @@ from dali_autoproxy.config import Options
 from dali_autoproxy.patches import unsupported
 from dali_autoproxy.plan.ir import Unsupported
 from dali_autoproxy.plan.planning import Plan, build_plan, may_be_joint, walk
+from dali_autoproxy.plan.record.learnt import LEARNT
 from dali_autoproxy.plan.translate import flatten, transform_name
+from dali_autoproxy.plan.translate.recorded import merged_joint_shape
 from dali_autoproxy.worker.joint import planned_jointly
 
 
@@ -110,6 +112,19 @@ def decide(loader: Any, options: Options) -> Decision:
     classes = {type(chain) for _, chain in found.chains + found.joint}
     collate = None if loader.collate_fn is default_collate else loader.collate_fn
     return Decision(True, None, device, plans, classes, unplanned=unplanned, joint=joint, collate=collate)
+
+
+def keep_joint_shape(plan: Plan, dataset: Any) -> None:
+    """A joint plan's shape a worker sent, merged into what the process keeps of the dataset's
+    chain it came from (``LEARNT.keep_joint_shape``): the chain's id in the worker is that of the
+    same object here where the worker was forked; no chain of the dataset has it otherwise."""
+    if plan.joint_shape is None:
+        return
+    chain_id, shape = plan.joint_shape
+    found = walk(dataset)
+    chain = next((c for _, c in found.chains + found.joint if id(c) == chain_id), None)
+    if chain is not None:
+        LEARNT.keep_joint_shape(chain, shape, merged_joint_shape)
 
 
 def max_batch_size(loader: Any) -> Optional[int]:

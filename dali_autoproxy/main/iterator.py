@@ -23,15 +23,12 @@ import wrapt
 from dali_autoproxy.config import Options, StrictModeError, logger
 from dali_autoproxy.main.collate import find_proxy_batches, finish, on_device, put_back
 from dali_autoproxy.main.cpu_fallback import replay_group
-from dali_autoproxy.main.decision import Decision, chain_names, decide, max_batch_size
+from dali_autoproxy.main.decision import Decision, chain_names, decide, keep_joint_shape, max_batch_size
 from dali_autoproxy.main.errors import raised_here, without_frames
 from dali_autoproxy.main.payload_release import PooledPayloads
 from dali_autoproxy.main.runs import Part, RunQueue, batches_per_run, lookahead_batches, runs_behind
 from dali_autoproxy.main.state import GeneratorStates, LoaderState, RunnerKey, output_device
-from dali_autoproxy.plan.planning import walk
-from dali_autoproxy.plan.record.learnt import LEARNT
 from dali_autoproxy.plan.settings import SETTINGS
-from dali_autoproxy.plan.translate.recorded import merged_joint_shape
 from dali_autoproxy.transport import (
     ENCODED,
     RAW,
@@ -193,7 +190,6 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_runners: Dict[RunnerKey, Any] = {}
         self._self_broken: Dict[RunnerKey, Exception] = {}  # pipelines that could not be built
         self._self_dataset = loader.dataset
-        self._self_chains: Optional[Dict[int, Any]] = None  # the dataset's chains by id, found when first asked
         self._self_main_dataset = loader.dataset if loader.num_workers == 0 else None
         self._self_router = ChainRouter(decision.plans) if loader.num_workers == 0 else None
         self._self_timeout = float(loader.timeout) if loader.timeout else None
@@ -215,7 +211,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
             for member in unit.members:
                 if member.plan is not None:
                     state.learn(member.plan)
-                    self._self_keep_joint_shape(member.plan)
+                    keep_joint_shape(member.plan, self._self_dataset)  # for the next epoch's decision and workers
             try:
                 missing = [m.key for m in unit.members if m.key not in state.plans]
                 if missing:
@@ -229,19 +225,6 @@ class ProxiedIterator(wrapt.ObjectProxy):
                 return None
             self._self_runners[key] = runner
         return runner
-
-    def _self_keep_joint_shape(self, plan: Any) -> None:
-        """A joint plan's shape, kept with the dataset's chain it came from (the worker sent the
-        chain's id: the same object here where the worker was forked; none is found otherwise)."""
-        if plan.joint_shape is None:
-            return
-        if self._self_chains is None:
-            found = walk(self._self_dataset)
-            self._self_chains = {id(chain): chain for _, chain in found.chains + found.joint}
-        chain_id, shape = plan.joint_shape
-        chain = self._self_chains.get(chain_id)
-        if chain is not None:
-            LEARNT.keep_joint_shape(chain, shape, merged_joint_shape)
 
     def _reset(self, loader: Any, *args: Any, **kwargs: Any) -> None:
         """persistent_workers: a new epoch on the same iterator."""

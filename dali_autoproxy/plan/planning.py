@@ -42,8 +42,7 @@ class Plan:
     any_size: bool = False  # its images end at sizes of their own (a joint transform's): the torch stage
     #                         may take every sample at its own size (``ir.split_at_takeover``)
     chain: str = field(default="", compare=False)  # the chain it came from (``chain_of``), for the report
-    # a joint plan's (chain id in the worker, shape), sent to the main process: ``record/learnt.py``
-    joint_shape: Optional[Tuple[int, Any]] = field(default=None, compare=False, repr=False)
+    joint_shape: Optional[Tuple[int, Any]] = field(default=None, compare=False, repr=False)  # record/learnt.py
 
     @property
     def ops(self) -> List[Op]:
@@ -370,7 +369,6 @@ def build_plan(transform: Any) -> Plan:
     plan = _plan_of(transform)
     plan.chain = chain_of(transform)
     return plan
-
 
 
 def _plan_of(transform: Any) -> Plan:
