@@ -117,7 +117,9 @@ def decide(loader: Any, options: Options) -> Decision:
 def keep_joint_shape(plan: Plan, dataset: Any) -> None:
     """A joint plan's shape a worker sent, merged into what the process keeps of the dataset's
     chain it came from (``LEARNT.keep_joint_shape``): the chain's id in the worker is that of the
-    same object here where the worker was forked; no chain of the dataset has it otherwise."""
+    same object here where the worker was forked. A spawned worker's ids are its own: one that
+    happens to name a chain here only gives that chain a plan its workers do not use (a shape
+    is a plan's layout; every sample is still checked against it, ``translate/recorded.fit``)."""
     if plan.joint_shape is None:
         return
     chain_id, shape = plan.joint_shape
