@@ -145,14 +145,16 @@ def test_segmentation_preset_goes_to_dali_with_plains_masks(tmp_path, device):
     assert rep["proxied"] and rep["decode"] == "DALI 100%", rep
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device,context", [("cpu", None), ("cpu", "spawn"),
+                                            pytest.param("gpu", None, marks=pytest.mark.gpu)])
 def test_a_later_epochs_workers_share_one_plan_of_a_joint_chain_built_before_its_first_batch(
-        tmp_path, monkeypatch, device):
+        tmp_path, monkeypatch, device, context):
     """Each worker settles on a shape of the segmentation preset of its own (pads, flips and
     crops merged in the order its samples came); the main process merges what every worker
-    sent, so from the second epoch on (workers forked afresh, the DataLoader's defaults) every
-    batch comes under one plan, whose pipeline is built before the epoch's first batch, and the
-    batches stay plain's: masks bit-equal, images equal."""
+    sent, so from the second epoch on (workers started afresh, the DataLoader's defaults; spawned
+    workers find the chain by its path in their copy of the dataset) every batch comes under one
+    plan, whose pipeline is built before the epoch's first batch, and the batches stay plain's:
+    masks bit-equal, images equal."""
     from dali_autoproxy.backends.dali import runner
     from dali_autoproxy.main import iterator
     preset = v2.Compose([v2.RandomResize(min_size=96, max_size=320), v2.RandomHorizontalFlip(0.5),
@@ -160,7 +162,7 @@ def test_a_later_epochs_workers_share_one_plan_of_a_joint_chain_built_before_its
                          v2.PILToTensor(), v2.ToDtype(torch.float, scale=True), v2.ToPureTensor()])
     ds = wrap_dataset_for_transforms_v2(VOCSegmentation(make_voc(str(tmp_path), n=32), image_set="train",
                                                         transforms=preset))
-    kw = dict(batch_size=2, num_workers=4, shuffle=True)
+    kw = dict(batch_size=2, num_workers=4, shuffle=True, multiprocessing_context=context)
     ref = load_all(ds, autoproxy=False, seed=5, epochs=3, **kw)
     keys, builds, taken, first = [], [], [], []
     units, build, build_first = iterator.pipeline_units, runner.DaliRunner._build, iterator.build_first_pipeline

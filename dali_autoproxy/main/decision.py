@@ -116,17 +116,23 @@ def decide(loader: Any, options: Options) -> Decision:
 
 def keep_joint_shape(plan: Plan, dataset: Any) -> None:
     """A joint plan's shape a worker sent, merged into what the process keeps of the dataset's
-    chain it came from (``LEARNT.keep_joint_shape``): the chain's id in the worker is that of the
-    same object here where the worker was forked. A spawned worker's ids are its own: one that
-    happens to name a chain here only gives that chain a plan its workers do not use (a shape
-    is a plan's layout; every sample is still checked against it, ``translate/recorded.fit``)."""
+    chain it came from (``LEARNT.keep_joint_shape``), found by its path in the dataset (the
+    worker walked its copy of it)."""
     if plan.joint_shape is None:
         return
-    chain_id, shape = plan.joint_shape
+    path, shape = plan.joint_shape
     found = walk(dataset)
-    chain = next((c for _, c in found.chains + found.joint if id(c) == chain_id), None)
+    chain = next((c for p, c in found.chains + found.joint if p == path), None)
     if chain is not None:
         LEARNT.keep_joint_shape(chain, shape, merged_joint_shape)
+
+
+def joint_shapes(dataset: Any) -> Dict[tuple, Any]:
+    """The shapes kept of the dataset's joint chains, by path: what its next workers start from
+    (``WorkerInstaller``; a forked worker has them already, a spawned one finds its copies by path)."""
+    found = walk(dataset)
+    shapes = ((path, LEARNT.joint_shape_of(c)) for path, c in found.chains + found.joint)
+    return {path: shape for path, shape in shapes if shape is not None}
 
 
 def max_batch_size(loader: Any) -> Optional[int]:

@@ -23,7 +23,7 @@ import wrapt
 from dali_autoproxy.config import Options, StrictModeError, logger
 from dali_autoproxy.main.collate import find_proxy_batches, finish, on_device, put_back
 from dali_autoproxy.main.cpu_fallback import replay_group
-from dali_autoproxy.main.decision import Decision, chain_names, decide, keep_joint_shape, max_batch_size
+from dali_autoproxy.main.decision import Decision, chain_names, decide, joint_shapes, keep_joint_shape, max_batch_size
 from dali_autoproxy.main.errors import raised_here, without_frames
 from dali_autoproxy.main.payload_release import PooledPayloads
 from dali_autoproxy.main.runs import Part, RunQueue, batches_per_run, lookahead_batches, runs_behind
@@ -94,7 +94,8 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
     # the workers collate proxies; a user's collate runs here, on DALI's tensors
     loader.collate_fn = CollateInMain(decision.collate) if decision.collate is not None else DefaultCollate()
     if loader.num_workers > 0:
-        loader.worker_init_fn = WorkerInstaller(set(decision.plans), decision.chain_classes, user_init, SETTINGS)
+        loader.worker_init_fn = WorkerInstaller(set(decision.plans), decision.chain_classes, user_init, SETTINGS,
+                                                joint_shapes(loader.dataset))
     else:
         patch(decision.chain_classes)
     generators = GeneratorStates(loader)
@@ -191,7 +192,7 @@ class ProxiedIterator(wrapt.ObjectProxy):
         self._self_broken: Dict[RunnerKey, Exception] = {}  # pipelines that could not be built
         self._self_dataset = loader.dataset
         self._self_main_dataset = loader.dataset if loader.num_workers == 0 else None
-        self._self_router = ChainRouter(decision.plans) if loader.num_workers == 0 else None
+        self._self_router = ChainRouter(decision.plans, loader.dataset) if loader.num_workers == 0 else None
         self._self_timeout = float(loader.timeout) if loader.timeout else None
         per_run = batches_per_run(max_batch_size(loader), lookahead, decision.device)
         self._self_runs = RunQueue(self._self_runners, per_run, runs_behind(lookahead, per_run),

@@ -42,7 +42,7 @@ class Plan:
     any_size: bool = False  # its images end at sizes of their own (a joint transform's): the torch stage
     #                         may take every sample at its own size (``ir.split_at_takeover``)
     chain: str = field(default="", compare=False)  # the chain it came from (``chain_of``), for the report
-    joint_shape: Optional[Tuple[int, Any]] = field(default=None, compare=False, repr=False)  # record/learnt.py
+    joint_shape: Optional[Tuple[Path, Any]] = field(default=None, compare=False, repr=False)  # record/learnt.py
 
     @property
     def ops(self) -> List[Op]:

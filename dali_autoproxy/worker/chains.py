@@ -29,7 +29,7 @@ from PIL import Image
 
 from dali_autoproxy.config import StrictModeError, logger
 from dali_autoproxy.plan.ir import Unsupported
-from dali_autoproxy.plan.planning import ENDS_AS_PIL, build_head_plan, build_plan, joint_class, may_be_joint
+from dali_autoproxy.plan.planning import ENDS_AS_PIL, build_head_plan, build_plan, joint_class, may_be_joint, walk
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.translate.registry import is_chain, transform_name
 from dali_autoproxy.transport import ProxyBatch, ProxyCollated, ProxySample, Unrouted
@@ -48,8 +48,10 @@ class ChainRouter:
     """One worker's (or one main-process fetch's) chains: each chain object's ProxyNode, made
     on first call; None for a chain that stays plain torchvision."""
 
-    def __init__(self, known_keys: Iterable[str]):
+    def __init__(self, known_keys: Iterable[str], dataset: Any = None):
         self.known = set(known_keys)
+        self.dataset = dataset  # the fetches' dataset (the worker's copy): where a joint chain's path is found
+        self._paths: Optional[Dict[int, Tuple[Any, Any]]] = None  # chain id: (chain, its path in the dataset)
         # by chain id: (the chain, its ProxyNode or HeadNode or None, why its plan was refused)
         self.nodes: Dict[int, Tuple[Any, Optional[Any], Optional[str]]] = {}
         self.joint: Dict[int, Tuple[Any, Optional[JointNode]]] = {}  # chains called with their targets
@@ -92,6 +94,15 @@ class ChainRouter:
             entry = self.nodes[id(chain)] = (chain, node, refused)  # holds the chain: its id stays its own
         return entry[1]
 
+    def path_of(self, chain: Any) -> Optional[Tuple[Any, ...]]:
+        """Where the dataset holds ``chain`` (``planning.walk``'s path: the same in every process
+        that has a copy of the dataset, however its workers start); None where it holds it nowhere."""
+        if self._paths is None:
+            found = walk(self.dataset) if self.dataset is not None else None
+            self._paths = {id(c): (c, path) for path, c in found.chains + found.joint} if found else {}
+        entry = self._paths.get(id(chain))
+        return entry[1] if entry is not None and entry[0] is chain else None
+
     def pass_over(self, chain: Any) -> None:
         """A call of a chain without a node: counted with why its plan was refused, for the report."""
         entry = self.nodes.get(id(chain))
@@ -105,7 +116,8 @@ class ChainRouter:
         if entry is None or entry[0] is not chain:
             if len(self.joint) >= MAX_CHAINS:
                 self.joint.clear()
-            entry = self.joint[id(chain)] = (chain, JointNode(chain, self.known) if may_be_joint(chain) else None)
+            node = JointNode(chain, self.known, self.path_of(chain)) if may_be_joint(chain) else None
+            entry = self.joint[id(chain)] = (chain, node)
         return entry[1]
 
     def make_plain(self, chain_ids: Iterable[int]) -> List[str]:

@@ -2,7 +2,7 @@
 ``worker_init_fn`` that installs them in each worker (picklable, for spawn workers)."""
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 import torchvision.transforms.v2 as v2
@@ -12,6 +12,7 @@ from torch.utils.data._utils.fetch import _MapDatasetFetcher
 from dali_autoproxy.patches import ledger
 from dali_autoproxy.plan.planning import walk
 from dali_autoproxy.plan.record.image_hooks import PILLOW_HOOKS
+from dali_autoproxy.plan.record.learnt import LEARNT
 from dali_autoproxy.plan.record.tensor_hooks import TENSOR_HOOKS
 from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.translate import compose_types
@@ -65,16 +66,23 @@ class WorkerInstaller:
     worker's chain calls. Picklable, for spawn and forkserver workers."""
 
     def __init__(self, known_keys: Set[str], chain_classes: Set[type], user_init_fn: Any,
-                 settings: Optional[dict] = None):
+                 settings: Optional[dict] = None, joint_shapes: Optional[Dict[tuple, Any]] = None):
         self.known_keys = known_keys
         self.chain_classes = chain_classes
         self.user_init_fn = user_init_fn
         self.settings = dict(settings or {})  # planning's options, as the main process planned
+        self.joint_shapes = dict(joint_shapes or {})  # earlier workers' shapes of joint chains, by path
 
     def __call__(self, worker_id: int) -> None:
         SETTINGS.update(self.settings)  # a spawned worker starts from the defaults
         if self.user_init_fn is not None:  # first: it may expect the dataset as the user left it
             self.user_init_fn(worker_id)
         patch(self.chain_classes)
-        swap_folder_loaders(get_worker_info().dataset)
-        local.router = ChainRouter(self.known_keys)
+        dataset = get_worker_info().dataset
+        if self.joint_shapes:  # a forked worker has them already; a spawned one, by the chains' paths
+            found = walk(dataset)
+            for path, chain in found.chains + found.joint:
+                if path in self.joint_shapes:
+                    LEARNT.set_joint_shape(chain, self.joint_shapes[path])
+        swap_folder_loaders(dataset)
+        local.router = ChainRouter(self.known_keys, dataset)

@@ -149,8 +149,9 @@ class JointNode:
     """What a joint transform's call does in a worker: the targets transformed here by torchvision,
     the image handed to DALI with its recorded calls; or the call as written, with ``why``."""
 
-    def __init__(self, chain: Any, announce_known: set):
+    def __init__(self, chain: Any, announce_known: set, path: Optional[Tuple[Any, ...]] = None):
         self.chain = chain
+        self.path = path  # where the dataset holds the chain (None: nowhere), sent with its shape
         self.call = joint_call(chain)
         shape = LEARNT.joint_shape_of(chain)
         if shape is not None:  # what an earlier epoch's workers learnt (the main process kept it)
@@ -173,7 +174,7 @@ class JointNode:
             self.plan, self.plain_reason = None, f"{self.name}: {str(exc).split('; recorded, ', 1)[-1]}"
             return
         shape = LEARNT.shape_of(self.call)
-        plan.joint_shape = (id(self.chain), shape) if shape is not None else None
+        plan.joint_shape = (self.path, shape) if shape is not None and self.path is not None else None
         self.plan = plan
 
     def __call__(self, args: tuple, kwargs: dict, decoded_because: Optional[str] = None) -> Any:

@@ -6,10 +6,11 @@ A joint transform's shape (the size changes and flips its samples make, merged a
 would end with the worker that learnt it: workers that are not persistent start again every
 epoch, each from what the main process knew when it forked them, and each settles on a shape of
 its own, so an epoch's batches come under several plans (several pipelines, smaller runs). So
-the shape travels with the plans a worker announces (``Plan.joint_shape``), the main process
-merges those of every worker (``keep_joint_shape``), plans the chain with it at its next decision
-(``worker/joint.planned_jointly``: built before the first batch) and forks the next workers with
-it: from the second epoch on, one plan.
+the shape travels, with the chain's path in the dataset, with the plans a worker announces
+(``Plan.joint_shape``), the main process merges those of every worker (``keep_joint_shape``),
+plans the chain with it at its next decision (``worker/joint.planned_jointly``: built before the
+first batch) and starts the next workers with it (``WorkerInstaller``: by path, whether the
+workers are forked or spawned): from the second epoch on, one plan.
 """
 from __future__ import annotations
 
