@@ -195,8 +195,13 @@ def test_the_timing_window_excludes_the_queued_work():
         n, seconds = consume(it, "cpu", warmup, total)
         del it
         return seconds / (n / batch)
-    steady = measured(17, batches)
-    naive = measured(1, 0)
+    # Other tests on the machine can slow one measurement and not the other: up to three tries of
+    # both; a window that counted the queued work would fail every one.
+    for _attempt in range(3):
+        steady = measured(17, batches)
+        naive = measured(1, 0)
+        if 0.85 * true_per_batch < steady < 1.3 * true_per_batch and naive < 0.95 * steady:
+            break
     assert 0.85 * true_per_batch < steady < 1.3 * true_per_batch, (steady, true_per_batch)
     assert naive < 0.95 * steady, (naive, steady)  # 16 of 80 batches free: about 0.8 on an idle machine
 
