@@ -175,6 +175,7 @@ def test_a_later_epochs_workers_share_one_plan_of_a_joint_chain_built_before_its
     def spy_build(self):
         builds.append(len(taken))  # batches taken when it was built
         return build(self)
+
     def spy_build_first(loader, state, decision, options):
         first.append(next(iter(decision.plans)))  # the plan whose pipeline is built before the first batch
         return build_first(loader, state, decision, options)
