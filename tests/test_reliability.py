@@ -540,7 +540,7 @@ def test_after_a_killed_worker_no_worker_is_left_and_the_next_epoch_is_clean(pho
                 pass
         except RuntimeError:
             pass
-        for _ in range(50):
+        for _ in range(150):  # under load plain torch's shutdown can pass 5 s
             if not children():
                 break
             time.sleep(0.1)
@@ -549,9 +549,12 @@ def test_after_a_killed_worker_no_worker_is_left_and_the_next_epoch_is_clean(pho
         print("NEXT", sum(len(y) for _, y in loader), flush=True)
     """)
     for auto in ("0", "1"):
-        for attempt in range(2):  # plain torch sometimes dies of the killed worker's EOFError first
+        # plain torch sometimes dies of the killed worker's EOFError first, and its next epoch at times
+        # times out (2 of 16 runs of this script, none of 12 of torch alone: not bisected); plain is the
+        # reference here, so its run is tried again, autoproxy's only where it died first
+        for attempt in range(3 if auto == "0" else 2):
             res = subprocess.run([sys.executable, "-c", script, auto], capture_output=True, text=True, timeout=120)
-            if "LEFT" in res.stdout:
+            if "LEFT" in res.stdout and (auto == "1" or "NEXT" in res.stdout):
                 break
         assert "LEFT 0" in res.stdout, (auto, res.stdout, res.stderr[-2000:])
         assert "NEXT 24" in res.stdout and "AssertionError" not in res.stderr, (auto, res.stdout, res.stderr[-2000:])
