@@ -34,6 +34,7 @@ class Decision:
     unplanned: List[str] = field(default_factory=list)    # chains found that stay in the worker, and why
     joint: List[str] = field(default_factory=list)        # chains planned per call with their targets, in the workers
     collate: Any = None                                   # the user's collate_fn, run in the main process
+    joint_shapes: Dict[tuple, Any] = field(default_factory=dict)  # kept shapes of joint chains, by path: the workers'
 
 
 def dali_import_error() -> Optional[str]:
@@ -88,8 +89,10 @@ def decide(loader: Any, options: Options) -> Decision:
     unplanned: List[str] = []
     joint: List[str] = [f"{_path_text(path)}: {transform_name(t)}" for path, t in found.joint]
     first_reason = None
+    shapes = {path: LEARNT.joint_shape_of(c) for path, c in found.chains + found.joint}
+    shapes = {path: shape for path, shape in shapes.items() if shape is not None}
     for path, chain in found.chains:
-        jointly = planned_jointly(chain)
+        jointly = planned_jointly(chain) if path in shapes else None
         if jointly is not None:  # an earlier epoch's workers called it with its targets: their plan
             joint.append(f"{_path_text(path)}: {transform_name(chain)}")
             plans.setdefault(jointly.key, jointly)
@@ -111,7 +114,8 @@ def decide(loader: Any, options: Options) -> Decision:
         return Decision(False, why, worker_transforms=names)
     classes = {type(chain) for _, chain in found.chains + found.joint}
     collate = None if loader.collate_fn is default_collate else loader.collate_fn
-    return Decision(True, None, device, plans, classes, unplanned=unplanned, joint=joint, collate=collate)
+    return Decision(True, None, device, plans, classes, unplanned=unplanned, joint=joint, collate=collate,
+                    joint_shapes=shapes)
 
 
 def keep_joint_shape(plan: Plan, dataset: Any) -> None:
@@ -125,14 +129,6 @@ def keep_joint_shape(plan: Plan, dataset: Any) -> None:
     chain = next((c for p, c in found.chains + found.joint if p == path), None)
     if chain is not None:
         LEARNT.keep_joint_shape(chain, shape, merged_joint_shape)
-
-
-def joint_shapes(dataset: Any) -> Dict[tuple, Any]:
-    """The shapes kept of the dataset's joint chains, by path: what its next workers start from
-    (``WorkerInstaller``; a forked worker has them already, a spawned one finds its copies by path)."""
-    found = walk(dataset)
-    shapes = ((path, LEARNT.joint_shape_of(c)) for path, c in found.chains + found.joint)
-    return {path: shape for path, shape in shapes if shape is not None}
 
 
 def max_batch_size(loader: Any) -> Optional[int]:

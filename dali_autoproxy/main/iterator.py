@@ -23,7 +23,7 @@ import wrapt
 from dali_autoproxy.config import Options, StrictModeError, logger
 from dali_autoproxy.main.collate import find_proxy_batches, finish, on_device, put_back
 from dali_autoproxy.main.cpu_fallback import replay_group
-from dali_autoproxy.main.decision import Decision, chain_names, decide, joint_shapes, keep_joint_shape, max_batch_size
+from dali_autoproxy.main.decision import Decision, chain_names, decide, keep_joint_shape, max_batch_size
 from dali_autoproxy.main.errors import raised_here, without_frames
 from dali_autoproxy.main.payload_release import PooledPayloads
 from dali_autoproxy.main.runs import Part, RunQueue, batches_per_run, lookahead_batches, runs_behind
@@ -95,7 +95,7 @@ def make_iterator(wrapped: Any, loader: Any, state: LoaderState, options: Option
     loader.collate_fn = CollateInMain(decision.collate) if decision.collate is not None else DefaultCollate()
     if loader.num_workers > 0:
         loader.worker_init_fn = WorkerInstaller(set(decision.plans), decision.chain_classes, user_init, SETTINGS,
-                                                joint_shapes(loader.dataset))
+                                                decision.joint_shapes)
     else:
         patch(decision.chain_classes)
     generators = GeneratorStates(loader)
