@@ -177,7 +177,7 @@ def test_a_later_epochs_workers_share_one_plan_of_a_joint_chain_built_before_its
         return build(self)
 
     def spy_build_first(loader, state, decision, options):
-        first.append(next(iter(decision.plans)))  # the plan whose pipeline is built before the first batch
+        first.append(next(iter(decision.plans), None))  # the plan whose pipeline is built before the first batch
         return build_first(loader, state, decision, options)
     monkeypatch.setattr(iterator, "pipeline_units", spy_units)
     monkeypatch.setattr(iterator, "build_first_pipeline", spy_build_first)
@@ -195,6 +195,7 @@ def test_a_later_epochs_workers_share_one_plan_of_a_joint_chain_built_before_its
     finally:
         dali_autoproxy.disable()
     assert len(keys[0]) > 1, keys  # the first epoch: several workers, several shapes
+    assert first[0] is None, first  # a VOC dataset calls its transforms with the target: no image-only pipeline
     assert keys[1] == keys[2] == {first[1]} == {first[2]}, (keys, first)
     assert builds[-1] == 0, builds  # the later epochs' one pipeline: built before their first batch
     assert len(ref) == len(out) == 16
@@ -205,6 +206,27 @@ def test_a_later_epochs_workers_share_one_plan_of_a_joint_chain_built_before_its
         else:
             assert_same_image(xa, xb, device)
     assert last_report()["decode"] == "DALI 100%"
+
+
+def test_a_chain_a_dataset_calls_with_its_targets_is_not_planned_for_the_image_alone(tmp_path, photo_root):
+    """A v2 chain that a torchvision dataset holds as ``transforms`` (VOC, COCO, and the v2
+    wrapper around them call it with the image and its target) is planned in the workers, per
+    call: the decision builds no pipeline of the image alone, which no batch would use, and says
+    so; the same chain given as an ImageFolder's ``transform`` is the image's, planned up front."""
+    from torchvision.datasets import ImageFolder
+
+    from dali_autoproxy.config import Options
+    from dali_autoproxy.main.decision import decide
+    preset = v2.Compose([v2.RandomResize(min_size=96, max_size=320), v2.RandomHorizontalFlip(0.5),
+                         v2.RandomCrop(160, pad_if_needed=True), v2.PILToTensor(), v2.ToDtype(torch.float, scale=True)])
+    root, options = make_voc(str(tmp_path), n=2), Options(device="cpu")
+    for wrap in (lambda d: d, wrap_dataset_for_transforms_v2):  # the wrapper takes the dataset's transforms
+        dataset = wrap(VOCSegmentation(root, image_set="train", transforms=preset))
+        decision = decide(torch.utils.data.DataLoader(dataset, batch_size=2), options)
+        assert decision.proxied and decision.plans == {}, decision
+        assert decision.joint == ["dataset.transforms: v2.Compose"], decision.joint
+    decision = decide(torch.utils.data.DataLoader(ImageFolder(photo_root, transform=preset), batch_size=2), options)
+    assert decision.proxied and len(decision.plans) == 1 and decision.joint == [], decision
 
 
 def test_an_image_without_objects_raises_plains_error(tmp_path):

@@ -97,6 +97,9 @@ def decide(loader: Any, options: Options) -> Decision:
             joint.append(f"{_path_text(path)}: {transform_name(chain)}")
             plans.setdefault(jointly.key, jointly)
             continue
+        if path in found.with_targets and may_be_joint(chain):  # its plan is made per call in the workers:
+            joint.append(f"{_path_text(path)}: {transform_name(chain)}")  # none of the image alone to build
+            continue
         try:
             plan = build_plan(chain)
         except Unsupported as exc:

@@ -17,7 +17,7 @@ import functools
 import hashlib
 import types
 from dataclasses import dataclass, field
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Set, Tuple
 
 from dali_autoproxy.plan.ir import Op, Placement, ToCHW, Unsupported, split_at_takeover
 from dali_autoproxy.plan.pillow_ops import PillowCall
@@ -26,6 +26,7 @@ from dali_autoproxy.plan.settings import SETTINGS
 from dali_autoproxy.plan.steps import ChainState, SampleGeometry, Step
 from dali_autoproxy.plan.translate import chain_of, flatten, is_chain, lookup, transform_name
 from dali_autoproxy.plan.translate.recorded import cannot_record, guess_tensor_tail, record_step
+from dali_autoproxy.plan.tv_internals import calls_transforms_with_targets, uses_pil_file_loader
 
 Path = Tuple[Any, ...]  # how a chain was reached from the loader's dataset (for messages)
 
@@ -81,19 +82,6 @@ class Plan:
         state = dict(self.__dict__)
         state["steps"] = [Step(s.name, list(s.ops), None, s.neutral) for s in self.steps]
         return state
-
-
-def uses_pil_file_loader(ds: Any) -> bool:
-    """A DatasetFolder/ImageFolder reading files with torchvision's PIL loader, unmodified."""
-    try:
-        from torchvision import get_image_backend
-        from torchvision.datasets.folder import DatasetFolder, default_loader, pil_loader
-    except ImportError:  # pragma: no cover
-        return False
-    return (isinstance(ds, DatasetFolder)
-            and type(ds).__getitem__ is DatasetFolder.__getitem__
-            and getattr(ds, "loader", None) in (default_loader, pil_loader)
-            and get_image_backend() == "PIL")
 
 
 # ----------------------------------------------------------------------------- the walk
@@ -168,6 +156,7 @@ def _class_functions(cls: type) -> Iterator[Tuple[str, Any]]:
 class Found:
     chains: List[Tuple[Path, Any]] = field(default_factory=list)
     joint: List[Tuple[Path, Any]] = field(default_factory=list)  # users' joint transforms (``joint_class``)
+    with_targets: Set[Path] = field(default_factory=set)  # chains a dataset calls with the image and its target
     folders: List[Any] = field(default_factory=list)  # DatasetFolders read with the PIL loader
 
 
@@ -197,6 +186,8 @@ def walk(dataset: Any) -> Found:
             kids += list(_class_functions(type(obj)))
         for step, child in reversed(kids):
             stack.append((path + (step,), child, depth + 1))
+        if any(step == "transforms" for step, _ in kids) and calls_transforms_with_targets(obj):
+            found.with_targets.add(path + ("transforms",))
     found.chains.reverse()
     found.chains.sort(key=lambda pc: len(pc[0]))
     return found

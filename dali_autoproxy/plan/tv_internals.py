@@ -81,3 +81,29 @@ def v2_pil_kernels(functional: Callable[..., Any]) -> Optional[dict]:
     table = _KERNEL_REGISTRY.get(functional)
     return table if isinstance(table, dict) else None
 
+
+def calls_transforms_with_targets(owner: Any) -> bool:
+    """Whether ``owner.transforms`` is called with the sample's image and its target: the datasets
+    of torchvision (``VisionDataset``: VOC, COCO, Cityscapes, ... call ``self.transforms(image,
+    target)``; one given ``transform=`` holds it in a ``StandardTransform`` there, which calls it
+    with the image alone) and the wrapper ``wrap_dataset_for_transforms_v2`` puts around them
+    (``self.transforms(*sample)``)."""
+    from torchvision.datasets import VisionDataset
+    try:
+        from torchvision.tv_tensors._dataset_wrapper import VisionDatasetTVTensorWrapper
+    except ImportError:  # pragma: no cover - torchvision before 0.16, or the wrapper moved
+        VisionDatasetTVTensorWrapper = ()
+    return isinstance(owner, (VisionDataset, VisionDatasetTVTensorWrapper))
+
+
+def uses_pil_file_loader(ds: Any) -> bool:
+    """A DatasetFolder/ImageFolder reading files with torchvision's PIL loader, unmodified."""
+    try:
+        from torchvision import get_image_backend
+        from torchvision.datasets.folder import DatasetFolder, default_loader, pil_loader
+    except ImportError:  # pragma: no cover
+        return False
+    return (isinstance(ds, DatasetFolder)
+            and type(ds).__getitem__ is DatasetFolder.__getitem__
+            and getattr(ds, "loader", None) in (default_loader, pil_loader)
+            and get_image_backend() == "PIL")
