@@ -15,13 +15,15 @@ kept in one store per device (``kept_tables``) that every path here reads. Where
 the batch's two passes are two launches in int32 (``fused_resize``, the stage's run from a
 PillowResize), the kernel computing each output pixel's weights itself in the same float64 steps
 (BILINEAR, BICUBIC, BOX) or reading each sample's table from the store (the other filters), the
-flips, ToFloat and Normalize after the resize done by the second; elsewhere the store's tables
-are laid out per sample as a dense [output, input] matrix and each pass is one batched
-matrix product in float64: every product and partial sum is an integer below 2**53, so the products
-are exact whatever order the BLAS adds them in, and ``(s + 2**21) >> 22`` clipped to 0..255 is
-Pillow's ``clip8``. Each sample has its own input box, output size and filter (timm draws bilinear
-or bicubic per image). NEAREST is the same sum with one weight of 2**22 per output pixel, at
-Pillow's scale-affine source coordinates.
+flips, ToFloat and Normalize after the resize done by the second; elsewhere each pass reads the
+store's tables per sample (each output pixel's first input pixel and its weights) and adds tap
+by tap in float64, a gather of every output pixel's k-th input pixel per tap: every product and
+partial sum is an integer below 2**53, so the sum is exact in any order, and ``(s + 2**21) >> 22``
+clipped to 0..255 is Pillow's ``clip8``. (The work is output x taps per line; a dense [output,
+input] matrix's product is output x input: minutes on a CPU for a 12000-pixel-wide photo.) Each
+sample has its own input box, output size and filter (timm draws bilinear or bicubic per image).
+NEAREST is the same sum with one weight of 2**22 per output pixel, at Pillow's scale-affine
+source coordinates.
 ``Image.reduce`` (what ``reducing_gap`` does first) is here too: block sums in Reduce.c's fixed point.
 
 Batches whose samples differ in size arrive padded to the largest (DALI's ``pad``); each kernel
@@ -49,16 +51,6 @@ from dali_autoproxy.backends.torch_stage.registry import (
 )
 from dali_autoproxy.plan.ir import Crop, PillowReduce, PillowResize
 from dali_autoproxy.plan.pillow_ops import PillowCall
-
-
-def _weights(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, in_max: int,
-             out_max: int, device: torch.device) -> torch.Tensor:
-    """float64 [B, out_max, in_max]: each sample's Pillow weights as a dense matrix (zero rows past
-    its own output size, zero columns past its own input size)."""
-    first, kk = _tables(in_sizes, boxes, out_sizes, kinds, out_max, device)
-    index = (first.long().unsqueeze(2) + torch.arange(kk.shape[2], device=device)).clamp_(0, in_max - 1)
-    w = torch.zeros((len(first), out_max, in_max), dtype=torch.float64, device=device)
-    return w.scatter_add_(2, index, kk.to(torch.float64))  # a zero weight may point anywhere
 
 
 def _tables(in_sizes: np.ndarray, boxes: np.ndarray, out_sizes: np.ndarray, kinds: np.ndarray, out_max: int,
@@ -115,16 +107,29 @@ def _two_passes(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: n
 
 def _two_passes_whole(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
                       boxes: np.ndarray, columns_first: bool) -> torch.Tensor:
-    b, c, h, w = x.shape
     out_h, out_w = int(out_hw[:, 0].max()), int(out_hw[:, 1].max())
-    horizontal = _weights(in_hw[:, 1], boxes[:, 1::2], out_hw[:, 1], kinds, w, out_w, x.device)  # [B, out_w, W]
-    vertical = _weights(in_hw[:, 0], boxes[:, 0::2], out_hw[:, 0], kinds, h, out_h, x.device)    # [B, out_h, H]
-    x = x.to(torch.float64)
+    horizontal = _tables(in_hw[:, 1], boxes[:, 1::2], out_hw[:, 1], kinds, out_w, x.device)
+    vertical = _tables(in_hw[:, 0], boxes[:, 0::2], out_hw[:, 0], kinds, out_h, x.device)
     if columns_first:  # the horizontal pass, then the vertical one on its uint8 result
-        rows = _clip8(torch.bmm(x.reshape(b, c * h, w), horizontal.transpose(1, 2))).view(b, c, h, out_w)
-        return _clip8(torch.matmul(vertical.unsqueeze(1), rows))
-    cols = _clip8(torch.matmul(vertical.unsqueeze(1), x))  # [B, C, out_h, W]
-    return _clip8(torch.bmm(cols.reshape(b, c * out_h, w), horizontal.transpose(1, 2))).view(b, c, out_h, out_w)
+        return _clip8(_one_pass(_clip8(_one_pass(x, 3, *horizontal)), 2, *vertical))
+    return _clip8(_one_pass(_clip8(_one_pass(x, 2, *vertical)), 3, *horizontal))
+
+
+def _one_pass(x: torch.Tensor, dim: int, first: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """One pass along ``dim`` (2: down the columns, 3: along the rows) of x [B, C, H, W] (whole
+    numbers 0..255, any dtype): float64 sums of each output pixel's taps, ``first`` [B, O] its
+    first input pixel and ``weights`` [B, O, K] (zero past its own taps and output size). Per
+    sample, the axis is made the outermost, so that a tap's input lines are whole slabs to copy."""
+    b, outs, taps = weights.shape
+    lines = [n for axis, n in enumerate(x.shape[1:], 1) if axis != dim]
+    out = torch.zeros((b, outs, *lines), dtype=torch.float64, device=x.device)
+    weights = weights.to(torch.float64).view(b, outs, taps, 1, 1)
+    for i in range(b):
+        sample = x[i].movedim(dim - 1, 0).contiguous()
+        for k in range(taps):
+            at = (first[i] + k).clamp_(max=sample.shape[0] - 1)  # a zero weight may point anywhere
+            out[i].addcmul_(sample.index_select(0, at), weights[i, :, k])
+    return out.movedim(1, dim).contiguous()
 
 
 def pillow_resize(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, kinds: np.ndarray,
