@@ -54,8 +54,8 @@ TAKES_UINT8 = (PillowResize, TensorResize)  # kernels that read DALI's uint8 bat
 # correctly rounded float step each): only a stage of these takes the torch ops while its kernels
 # compile (colour maths as CUDA torch ops may contract a multiply-add the kernels keep apart)
 SAME_AS_KERNELS = (PillowResize, PillowReduce, Crop, Flip, ToFloat, Normalize, ToCHW)
-# the largest batch those torch ops take while the kernels compile, as its float64 working copy (the
-# exact resize's products): a batch of large photos waits for the kernels instead of holding GBs
+# the largest batch those torch ops take while the kernels compile, as the batch in float64 (about
+# what the exact resize's sums hold): a batch of large photos waits for the kernels instead of GBs
 TORCH_OPS_BYTES = 1 << 30
 
 
@@ -176,7 +176,7 @@ def set_up_in_background(device_id: int) -> None:
 
 
 def torch_ops_fit(out: Union[torch.Tensor, List[torch.Tensor]]) -> bool:
-    """Whether the batch's float64 working copy (padded to its largest sample) is within
+    """Whether the batch in float64 (padded to its largest sample) is within
     ``TORCH_OPS_BYTES``."""
     if isinstance(out, list):
         numel = len(out) * max(o.shape[0] for o in out) * max(o.shape[1] for o in out) * out[0].shape[2]
