@@ -118,17 +118,23 @@ def _two_passes_whole(x: torch.Tensor, in_hw: np.ndarray, out_hw: np.ndarray, ki
 def _one_pass(x: torch.Tensor, dim: int, first: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """One pass along ``dim`` (2: down the columns, 3: along the rows) of x [B, C, H, W] (whole
     numbers 0..255, any dtype): float64 sums of each output pixel's taps, ``first`` [B, O] its
-    first input pixel and ``weights`` [B, O, K] (zero past its own taps and output size). Per
-    sample, the axis is made the outermost, so that a tap's input lines are whole slabs to copy."""
+    first input pixel and ``weights`` [B, O, K] (zero past its own taps and output size). The
+    pass's axis is made the outermost of each sample, so that a tap's input lines are one
+    ``index_select`` of whole slabs: on a GPU for the whole batch (K launches a pass), on a CPU
+    per sample (its sums stay in the caches while every tap adds to them)."""
     b, outs, taps = weights.shape
-    lines = [n for axis, n in enumerate(x.shape[1:], 1) if axis != dim]
-    out = torch.zeros((b, outs, *lines), dtype=torch.float64, device=x.device)
-    weights = weights.to(torch.float64).view(b, outs, taps, 1, 1)
-    for i in range(b):
-        sample = x[i].movedim(dim - 1, 0).contiguous()
+    lines = x.movedim(dim, 1).contiguous()  # [B, S, the other two axes]
+    size, rest = lines.shape[1], lines.shape[2:]
+    out = torch.zeros((b, outs, *rest), dtype=torch.float64, device=x.device)
+    weights = weights.to(torch.float64)
+    group = b if x.is_cuda else 1
+    for lo in range(0, b, group):
+        n = min(group, b - lo)
+        slabs, sums = lines[lo:lo + n].reshape(n * size, -1), out[lo:lo + n].view(n * outs, -1)
+        start = torch.arange(n, device=x.device).mul_(size).view(n, 1)  # each sample's first slab
         for k in range(taps):
-            at = (first[i] + k).clamp_(max=sample.shape[0] - 1)  # a zero weight may point anywhere
-            out[i].addcmul_(sample.index_select(0, at), weights[i, :, k])
+            at = (first[lo:lo + n] + k).clamp_(max=size - 1).add_(start).view(-1)  # a zero weight may point anywhere
+            sums.addcmul_(slabs.index_select(0, at), weights[lo:lo + n, :, k].reshape(-1, 1))
     return out.movedim(1, dim).contiguous()
 
 
