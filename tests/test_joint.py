@@ -230,6 +230,58 @@ def test_a_chain_a_dataset_calls_with_its_targets_is_not_planned_for_the_image_a
     assert decision.proxied and len(decision.plans) == 1 and decision.joint == [], decision
 
 
+class ImageAndMask(torch.utils.data.Dataset):
+    """A user's segmentation set, the references' way: ``self.transforms(image, mask)``."""
+
+    def __init__(self, files, transforms):
+        self.files, self.transforms = files, transforms
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        img = Image.open(self.files[i]).convert("RGB")
+        return self.transforms(img, tv_tensors.Mask(torch.zeros(img.height, img.width, dtype=torch.uint8)))
+
+
+class ImageOnly(ImageAndMask):
+    def __getitem__(self, i):
+        from PIL import Image
+        return self.transforms(Image.open(self.files[i]).convert("RGB")), 0
+
+
+class EitherWay(ImageAndMask):
+    def __getitem__(self, i):
+        from PIL import Image
+        img = Image.open(self.files[i]).convert("RGB")
+        if i % 2:
+            return self.transforms(img), 0
+        return self.transforms(img, tv_tensors.Mask(torch.zeros(img.height, img.width, dtype=torch.uint8)))
+
+
+@pytest.mark.parametrize("dataset,image_alone", [(ImageAndMask, False), (ImageOnly, True), (EitherWay, True)])
+def test_a_users_dataset_that_calls_its_chain_with_targets_gets_no_pipeline_of_the_image_alone(photo_root, dataset,
+                                                                                               image_alone):
+    """A user's dataset whose methods call the chain with the image and its target (every call)
+    gets no pipeline of the image alone before the first batch; one that calls it with the image,
+    even once, gets it; and the proxied loader's batches are plain's either way."""
+    from dali_autoproxy.config import Options
+    from dali_autoproxy.main.decision import decide
+    files = sorted(os.path.join(root, f) for root, _, names in os.walk(photo_root) for f in names)[:8]
+    preset = v2.Compose([v2.RandomResize(min_size=48, max_size=96), v2.RandomHorizontalFlip(0.5),
+                         v2.RandomCrop(40, pad_if_needed=True), v2.PILToTensor()])
+    ds = dataset(files, preset)
+    decision = decide(torch.utils.data.DataLoader(ds, batch_size=2), Options(device="cpu"))
+    assert decision.proxied and (len(decision.plans) == 1) == image_alone, decision
+    assert decision.joint == ([] if image_alone else ["dataset.transforms: v2.Compose"]), decision
+    kw = dict(collate_fn=collate_fn, batch_size=2, device="cpu", seed=3)
+    for (a, ta), (b, tb) in zip(load_all(ds, autoproxy=False, **kw), load_all(ds, autoproxy=True, **kw)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), "images differ"
+        assert all(torch.equal(torch.as_tensor(x), torch.as_tensor(y)) for x, y in zip(ta, tb)), "targets differ"
+    assert last_report()["proxied"]
+
+
 def test_an_image_without_objects_raises_plains_error(tmp_path):
     """v2's wrapper gives an image without objects no labels: SanitizeBoundingBoxes raises; the
     proxied loader raises the same error (from the worker's run of the chain as written)."""

@@ -19,6 +19,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Iterator, List, Optional, Set, Tuple
 
+from dali_autoproxy.plan.call_sites import called_with_targets
 from dali_autoproxy.plan.ir import Op, Placement, ToCHW, Unsupported, split_at_takeover
 from dali_autoproxy.plan.pillow_ops import PillowCall
 from dali_autoproxy.plan.record.learnt import LEARNT
@@ -186,11 +187,18 @@ def walk(dataset: Any) -> Found:
             kids += list(_class_functions(type(obj)))
         for step, child in reversed(kids):
             stack.append((path + (step,), child, depth + 1))
-        if any(step == "transforms" for step, _ in kids) and calls_transforms_with_targets(obj):
-            found.with_targets.add(path + ("transforms",))
+        found.with_targets.update(path + (step,) for step, child in kids if _called_with_targets(obj, step, child))
     found.chains.reverse()
     found.chains.sort(key=lambda pc: len(pc[0]))
     return found
+
+
+def _called_with_targets(owner: Any, step: Any, child: Any) -> bool:
+    """A chain ``owner`` calls with the image and its target: torchvision's datasets by their
+    class, a user's by the calls in its methods."""
+    if not isinstance(step, str) or not is_chain(child):
+        return False
+    return (step == "transforms" and calls_transforms_with_targets(owner)) or called_with_targets(owner, step)
 
 
 def _left_over(dataset: Any, step: Any, child: Any) -> bool:
