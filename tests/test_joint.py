@@ -149,12 +149,12 @@ def test_segmentation_preset_goes_to_dali_with_plains_masks(tmp_path, device):
                                             pytest.param("gpu", None, marks=pytest.mark.gpu)])
 def test_a_later_epochs_workers_share_one_plan_of_a_joint_chain_built_before_its_first_batch(
         tmp_path, monkeypatch, device, context):
-    """Each worker settles on a shape of the segmentation preset of its own (pads, flips and
-    crops merged in the order its samples came); the main process merges what every worker
-    sent, so from the second epoch on (workers started afresh, the DataLoader's defaults; spawned
-    workers find the chain by its path in their copy of the dataset) every batch comes under one
-    plan, whose pipeline is built before the epoch's first batch, and the batches stay plain's:
-    masks bit-equal, images equal."""
+    """Each worker learns the segmentation preset's shape from its first sample (draws of the
+    chain before the sample's own: a flip or none, a pad or none) and the main process merges
+    what every worker sent, so every batch of every epoch comes under one plan, from the first
+    batch on (later epochs' workers, started afresh with the DataLoader's defaults, start from
+    the merge; spawned ones find the chain by its path in their copy of the dataset): one DALI
+    pipeline for the loader, and the batches stay plain's: masks bit-equal, images equal."""
     from dali_autoproxy.backends.dali import runner
     from dali_autoproxy.main import iterator
     preset = v2.Compose([v2.RandomResize(min_size=96, max_size=320), v2.RandomHorizontalFlip(0.5),
@@ -195,10 +195,10 @@ def test_a_later_epochs_workers_share_one_plan_of_a_joint_chain_built_before_its
             del it
     finally:
         dali_autoproxy.disable()
-    assert len(keys[0]) > 1, keys  # the first epoch: several workers, several shapes
     assert first[0] is None, first  # a VOC dataset calls its transforms with the target: no image-only pipeline
-    assert all(later == {first[1]} for later in keys[1:]) and len(set(first[1:])) == 1, (keys, first)
-    assert builds[-1] == 0, builds  # the later epochs' one pipeline: built before their first batch
+    assert len(keys[0]) == 1, keys  # the first epoch too: every worker's first draws learnt the whole shape
+    assert all(epoch == {first[1]} for epoch in keys) and len(set(first[1:])) == 1, (keys, first)
+    assert builds == [0], builds  # the loader's one pipeline, built for its first batch and kept
     assert len(ref) == len(out) == 16
     for (xa, ma), (xb, mb) in zip(ref, out):
         assert torch.equal(ma, mb)

@@ -18,6 +18,7 @@ attempt touched: each attempt gets copies, so the call as written sees what the 
 """
 from __future__ import annotations
 
+import random
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -39,6 +40,10 @@ from dali_autoproxy.worker.deferred import encoded_jpeg
 from dali_autoproxy.worker.proxy_node import MAX_REPLANS, _why_decoded_here
 
 NOT_TAKEN = object()  # what a JointNode returns for a call it leaves to the transform as written
+# draws of a joint chain's parameters a worker makes on its first sample, before the sample's own, when
+# no earlier epoch left it a shape: the subsets of steps its samples make (a flip or none, a pad or none)
+# are planned as one from the first batch instead of one plan, and one DALI pipeline, per new subset
+PROBE_DRAWS = 16
 
 
 class TransformRaised(BaseException):
@@ -161,6 +166,7 @@ class JointNode:
         self.plan: Optional[Plan] = None
         self.plain_reason: Optional[str] = None
         self._planned = False
+        self._probed = shape is not None  # an earlier epoch's shape is the merge of every worker's
 
     @property
     def name(self) -> str:
@@ -177,6 +183,37 @@ class JointNode:
         plan.joint_shape = (self.path, shape) if shape is not None and self.path is not None else None
         self.plan = plan
 
+    def _probe(self, leaves: list, spec: Any, at: int, width: int, height: int) -> None:
+        """``PROBE_DRAWS`` draws of the chain on this sample (a recording image, copies of its
+        targets, the random generators seeded 0, 1, ...), each growing the shape as a sample's
+        would; the worker's random states are put back after, so the sample's own draws, and
+        every later one, are plain's. A draw on which the transform raises teaches nothing."""
+        self._probed = True
+        states = rng_states()
+        try:
+            for seed in range(PROBE_DRAWS):
+                torch.random.default_generator.manual_seed(seed)
+                random.seed(seed)
+                np.random.seed(seed)
+                for _ in range(MAX_REPLANS):
+                    if not self._planned:
+                        self._make_plan()
+                    if self.plan is None:
+                        return
+                    self.call.given(leaves, spec, at)
+                    try:
+                        self.plan.draw_sample(height, width)
+                    except NeedsPixels as exc:
+                        LEARNT.learn(exc)
+                        self._planned = False
+                        continue
+                    except TransformRaised:
+                        pass
+                    break
+                self.call.output = None
+        finally:
+            set_rng_states(states)
+
     def __call__(self, args: tuple, kwargs: dict, decoded_because: Optional[str] = None) -> Any:
         """``decoded_because``: why the joint call this one runs inside was left as written (the
         reason its image, if decoded, was decoded in the worker)."""
@@ -187,6 +224,8 @@ class JointNode:
             return NOT_TAKEN
         img = leaves[at]
         enc = encoded_jpeg(img)
+        if not self._probed:
+            self._probe(leaves, spec, at, *(enc[1] if enc is not None else img.size))
         for _ in range(MAX_REPLANS):
             if not self._planned:
                 self._make_plan()
