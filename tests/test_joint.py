@@ -209,6 +209,59 @@ def test_a_later_epochs_workers_share_one_plan_of_a_joint_chain_built_before_its
     assert last_report()["decode"] == "DALI 100%"
 
 
+class OwnGeneratorBrightness(v2.Transform):
+    """A user's v2 transform drawing its factor from a generator of its own (each worker's copy
+    starts where the dataset's did), not from torch's global one."""
+
+    def __init__(self):
+        super().__init__()
+        self.generator = torch.Generator().manual_seed(7)
+
+    def make_params(self, flat_inputs):
+        return dict(factor=float(0.5 + torch.rand(1, generator=self.generator)))
+
+    def transform(self, inpt, params):
+        if isinstance(inpt, tv_tensors.Mask):
+            return inpt
+        return v2.functional.adjust_brightness(inpt, params["factor"])
+
+
+class OwnGeneratorBrightnessV1:
+    """The same as a v1-style class of the user's code (recorded: its Pillow calls go to DALI)."""
+
+    def __init__(self):
+        self.generator = torch.Generator().manual_seed(7)
+
+    def __call__(self, img):
+        import torchvision.transforms.functional as F
+        return F.adjust_brightness(img, float(0.5 + torch.rand(1, generator=self.generator)))
+
+
+def test_a_transform_with_a_generator_of_its_own_keeps_plains_draws(tmp_path, photo_root):
+    """A draw made again (a plan that grew: a flip where the first samples had none, the first
+    recorded call) puts back a transform's own generators with the global ones, and the first
+    sample's probe draws are made only for torchvision's own transforms: a user's transform
+    holding a generator of its own gets exactly plain's sequence of draws, in a joint chain and
+    in an image's chain alike."""
+    import torchvision
+    import torchvision.transforms as T
+    preset = v2.Compose([v2.RandomHorizontalFlip(0.5), OwnGeneratorBrightness(), v2.PILToTensor()])
+    ds = wrap_dataset_for_transforms_v2(VOCSegmentation(make_voc(str(tmp_path), n=8), image_set="train",
+                                                        transforms=preset))
+    kw = dict(batch_size=2, num_workers=2, seed=4, device="cpu", collate_fn=collate_fn)
+    ref = load_all(ds, autoproxy=False, **kw)
+    out = load_all(ds, autoproxy=True, strict=True, **kw)
+    assert len(ref) == len(out) == 4
+    for (xa, ma), (xb, mb) in zip(ref, out):
+        assert all(torch.equal(a, b.cpu()) for a, b in zip(xa, xb)), "images differ"
+        assert all(torch.equal(a, b) for a, b in zip(ma, mb)), "masks differ"
+    images = torchvision.datasets.ImageFolder(photo_root, T.Compose([T.CenterCrop(64), T.RandomHorizontalFlip(),
+                                                                     OwnGeneratorBrightnessV1(), T.PILToTensor()]))
+    kw = dict(batch_size=4, num_workers=2, seed=4, device="cpu")
+    ref, out = load_all(images, autoproxy=False, **kw), load_all(images, autoproxy=True, strict=True, **kw)
+    assert len(ref) == len(out) and all(torch.equal(a, b) and torch.equal(la, lb) for (a, la), (b, lb) in zip(ref, out))
+
+
 def test_a_chain_a_dataset_calls_with_its_targets_is_not_planned_for_the_image_alone(tmp_path, photo_root):
     """A v2 chain that a torchvision dataset holds as ``transforms`` (VOC, COCO, and the v2
     wrapper around them call it with the image and its target) is planned in the workers, per

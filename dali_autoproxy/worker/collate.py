@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -57,15 +57,61 @@ def _is_proxy(x: Any) -> bool:
     return isinstance(x, ProxySample)
 
 
-def rng_states() -> tuple:
-    """The worker's random states that a collate may draw from (torch, Python, numpy)."""
-    return torch.get_rng_state(), random.getstate(), np.random.get_state()
+def rng_states(own: Sequence[Any] = ()) -> tuple:
+    """The worker's random states that a collate or a transform may draw from (torch, Python,
+    numpy), and those of the generators ``own`` (``own_generators``: a transform's own)."""
+    return torch.get_rng_state(), random.getstate(), np.random.get_state(), tuple(_state(g) for g in own), tuple(own)
 
 
 def set_rng_states(states: tuple) -> None:
     torch.set_rng_state(states[0])
     random.setstate(states[1])
     np.random.set_state(states[2])
+    for generator, state in zip(states[4], states[3]):
+        _set_state(generator, state)
+
+
+_GENERATOR_TYPES = (torch.Generator, random.Random, np.random.Generator, np.random.RandomState)
+
+
+def own_generators(obj: Any, limit: int = 500) -> List[Any]:
+    """The random generators a transform holds of its own (its attributes, those of the transforms
+    it holds, in lists, tuples, dicts and modules), not the global ones: a draw made again from the
+    same states (a replan) must put these back too, or the transform's later draws leave plain's
+    sequence. A generator held elsewhere (a closure, a module global) is not found."""
+    found, seen, stack = [], set(), [obj]
+    while stack and len(seen) < limit:
+        item = stack.pop()
+        if id(item) in seen or isinstance(item, (str, bytes, int, float, torch.Tensor, np.ndarray)):
+            continue
+        seen.add(id(item))
+        if isinstance(item, _GENERATOR_TYPES):
+            if item is not random._inst and item is not torch.default_generator:
+                found.append(item)
+            continue
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif hasattr(item, "__dict__") and not isinstance(item, type):
+            stack.extend(vars(item).values())
+    return found
+
+
+def _state(generator: Any) -> Any:
+    if isinstance(generator, np.random.Generator):
+        return generator.bit_generator.state
+    return generator.get_state() if isinstance(generator, (torch.Generator, np.random.RandomState)) \
+        else generator.getstate()
+
+
+def _set_state(generator: Any, state: Any) -> None:
+    if isinstance(generator, np.random.Generator):
+        generator.bit_generator.state = state
+    elif isinstance(generator, (torch.Generator, np.random.RandomState)):
+        generator.set_state(state)
+    else:
+        generator.setstate(state)
 
 
 class CollateInMain:

@@ -35,14 +35,15 @@ from dali_autoproxy.plan.translate.registry import compose_types, transform_name
 from dali_autoproxy.plan.translate.registry import flatten as unroll
 from dali_autoproxy.transport import ENCODED, RAW, WHY_RECORDING, ProxySample
 from dali_autoproxy.tree import flatten, unflatten
-from dali_autoproxy.worker.collate import rng_states, set_rng_states
+from dali_autoproxy.worker.collate import own_generators, rng_states, set_rng_states
 from dali_autoproxy.worker.deferred import encoded_jpeg
 from dali_autoproxy.worker.proxy_node import MAX_REPLANS, _why_decoded_here
 
 NOT_TAKEN = object()  # what a JointNode returns for a call it leaves to the transform as written
-# draws of a joint chain's parameters a worker makes on its first sample, before the sample's own, when
-# no earlier epoch left it a shape: the subsets of steps its samples make (a flip or none, a pad or none)
-# are planned as one from the first batch instead of one plan, and one DALI pipeline, per new subset
+# draws of a joint chain's parameters a worker makes on its first sample, before the sample's own, when no
+# earlier epoch left it a shape and the chain is torchvision's (``draws_from_global_generators``): the subsets
+# of steps its samples make (a flip or none, a pad or none) are planned as one from the first batch instead
+# of one plan, and one DALI pipeline, per new subset
 PROBE_DRAWS = 16
 
 
@@ -125,6 +126,19 @@ def _steps_of(chain: Any) -> str:
     return f" ({' -> '.join(transform_name(t) for step in inner for t in unroll(step))})"
 
 
+def draws_from_global_generators(t: Any) -> bool:
+    """Whether ``t`` draws only from the global generators the probe draws put back: torchvision's
+    own transforms and containers of them (torch's generator). A class of another library or of
+    the user's code, or a ``Lambda``, may hold a generator of its own, which extra draws would move
+    off plain's sequence."""
+    if type(t).__name__ == "Lambda" or not type(t).__module__.startswith("torchvision."):
+        return False
+    inner = getattr(t, "transforms", None)
+    if isinstance(inner, (list, tuple, torch.nn.ModuleList)):
+        return all(draws_from_global_generators(x) for x in inner)
+    return True
+
+
 def joint_call(chain: Any) -> JointCall:
     """A JointCall of ``chain``, of a class of the chain's own (named after its steps: a plan
     made of it in any process has the same key)."""
@@ -158,6 +172,7 @@ class JointNode:
         self.chain = chain
         self.path = path  # where the dataset holds the chain (None: nowhere), sent with its shape
         self.call = joint_call(chain)
+        self.generators = own_generators(chain)  # a draw made again puts these back too
         shape = LEARNT.joint_shape_of(chain)
         if shape is not None:  # what an earlier epoch's workers learnt (the main process kept it)
             LEARNT.set_shape(self.call, shape)
@@ -166,7 +181,8 @@ class JointNode:
         self.plan: Optional[Plan] = None
         self.plain_reason: Optional[str] = None
         self._planned = False
-        self._probed = shape is not None  # an earlier epoch's shape is the merge of every worker's
+        # an earlier epoch's shape is the merge of every worker's; a generator of a transform's own would move
+        self._probed = shape is not None or not draws_from_global_generators(chain)
 
     @property
     def name(self) -> str:
@@ -189,7 +205,7 @@ class JointNode:
         would; the worker's random states are put back after, so the sample's own draws, and
         every later one, are plain's. A draw on which the transform raises teaches nothing."""
         self._probed = True
-        states = rng_states()
+        states = rng_states(self.generators)
         try:
             for seed in range(PROBE_DRAWS):
                 torch.random.default_generator.manual_seed(seed)
@@ -232,7 +248,7 @@ class JointNode:
             if self.plan is None:
                 self.why = self.plain_reason
                 return NOT_TAKEN
-            states = rng_states()
+            states = rng_states(self.generators)
             self.call.given(leaves, spec, at)
             try:
                 if enc is not None:

@@ -37,7 +37,7 @@ from dali_autoproxy.transport import (
     WHY_RECORDING,
     ProxySample,
 )
-from dali_autoproxy.worker.collate import rng_states, set_rng_states
+from dali_autoproxy.worker.collate import own_generators, rng_states, set_rng_states
 from dali_autoproxy.worker.deferred import NOT_DEFERRED, DeferredJpeg, ResizedJpeg, encoded_jpeg
 from dali_autoproxy.worker.handover import HandedImage
 
@@ -101,6 +101,7 @@ class ProxyNode:
         self.key = plan.key
         self.dtype = torch.uint8 if plan.state.dtype == "uint8" else torch.float32
         self.original = original
+        self.generators = own_generators(original)  # a draw made again puts these back too
         self.announce = plan if announce else None  # sent with each sample: the main process lacks it
         flat = flatten(original) if plan.worker_prefix else []
         self.prefix = flat[:plan.worker_prefix]  # partial offload: these run here
@@ -120,7 +121,7 @@ class ProxyNode:
                 return self._as_written(img)
             if not self.plan.records:
                 return self._call(img)
-            states = rng_states()
+            states = rng_states(self.generators)
             try:
                 return self._call(img)
             except NeedsPixels as exc:  # a recorded transform needs pixels: replan, draw again
@@ -138,7 +139,7 @@ class ProxyNode:
         plan = self.joined[head][1]
         if plan is None:
             return None
-        states = rng_states()
+        states = rng_states(self.generators)
         g = SampleGeometry(img.shape[1], img.shape[2], img.shape[0])
         g.params = list(img.params)
         try:
@@ -171,7 +172,7 @@ class ProxyNode:
             if plan is None or plan.worker_prefix:
                 return None
             self.kept.calls = img.calls
-            states = rng_states()
+            states = rng_states(self.generators)
             width, height = img.source.size
             try:
                 params, shape = plan.draw_sample(height, width)
