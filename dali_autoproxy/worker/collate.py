@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+import types
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -82,8 +83,8 @@ def own_generators(obj: Any, limit: int = 500) -> List[Any]:
     found, seen, stack = [], set(), [obj]
     while stack and len(seen) < limit:
         item = stack.pop()
-        if id(item) in seen or isinstance(item, (str, bytes, int, float, torch.Tensor, np.ndarray)):
-            continue
+        if id(item) in seen or isinstance(item, (str, bytes, int, float, torch.Tensor, np.ndarray, types.ModuleType)):
+            continue  # a module: its globals are not the transform's (torch's CUDA generators among them)
         seen.add(id(item))
         if isinstance(item, _GENERATOR_TYPES):
             if item is not random._inst and item is not torch.default_generator:
