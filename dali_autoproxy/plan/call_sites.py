@@ -6,7 +6,7 @@ pipeline of the image alone, built before the first batch, would never run. torc
 datasets say it by their class (``tv_internals.calls_transforms_with_targets``); a user's dataset
 says it in its methods. Reading them is a hint, never a condition of correctness: where the
 source is not there or the calls disagree, the chain is taken for the image's and its pipeline
-is built up front, as before.
+is built up front, as for any chain of the image.
 """
 from __future__ import annotations
 
