@@ -203,7 +203,8 @@ class JointNode:
         """``PROBE_DRAWS`` draws of the chain on this sample (a recording image, copies of its
         targets, the random generators seeded 0, 1, ...), each growing the shape as a sample's
         would; the worker's random states are put back after, so the sample's own draws, and
-        every later one, are plain's. A draw on which the transform raises teaches nothing."""
+        every later one, are plain's. A draw on which the transform raises teaches nothing; one
+        that fails otherwise ends the probing (the sample's own draw goes as it would have)."""
         self._probed = True
         states = rng_states(self.generators)
         try:
@@ -226,8 +227,10 @@ class JointNode:
                     except TransformRaised:
                         pass
                     break
-                self.call.output = None
+        except Exception:  # a draw no sample made: never the reason this sample fails
+            logger.debug("a probe draw of %s failed", self.name, exc_info=True)
         finally:
+            self.call.output = None
             set_rng_states(states)
 
     def __call__(self, args: tuple, kwargs: dict, decoded_because: Optional[str] = None) -> Any:
